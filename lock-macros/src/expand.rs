@@ -1,0 +1,120 @@
+//! Turning the annotated function into one call of the runtime.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::parse::Parser;
+use syn::spanned::Spanned;
+use syn::ItemFn;
+
+use crate::args::{ArgsParser, LockArgs};
+use crate::key_template::parse_key;
+use crate::return_kind::check_return_type;
+
+/// Expands `#[distributed_lock(args)] item`. On error, the error is emitted
+/// beside the unchanged function so that no further errors cascade from it.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let function: ItemFn = match syn::parse2(item.clone()) {
+        Ok(function) => function,
+        Err(error) => {
+            let error = syn::Error::new(
+                error.span(),
+                format!("#[distributed_lock] goes on an `async fn` with a body: {error}"),
+            );
+            return error_beside(error, item);
+        }
+    };
+    match parse_args(args).and_then(|args| rewrite(args, &function)) {
+        Ok(tokens) => tokens,
+        Err(error) => error_beside(error, quote!(#function)),
+    }
+}
+
+fn error_beside(error: syn::Error, item: TokenStream) -> TokenStream {
+    let error = error.to_compile_error();
+    quote!(#error #item)
+}
+
+fn parse_args(args: TokenStream) -> syn::Result<LockArgs> {
+    let mut parser = ArgsParser::default();
+    syn::meta::parser(|meta| parser.parse(meta)).parse2(args)?;
+    parser.finish()
+}
+
+fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = function;
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            sig.fn_token.span(),
+            "#[distributed_lock] needs an `async fn`: write `async fn` (the lock is taken and \
+             released with async Redis calls)",
+        ));
+    }
+    check_return_type(&sig.output)?;
+    let key = parse_key(&args.key, sig)?;
+
+    let span = args.key.span();
+    let format = &key.format;
+    let key_args = &key.args;
+    let mut lock = quote_spanned!(span=>
+        ::lock_runtime::Lock::new(::std::format!(#format #(, #key_args)*))
+    );
+    if let Some(ttl) = args.ttl_ms {
+        lock = quote!(#lock.ttl(::core::time::Duration::from_millis(#ttl)));
+    }
+    if let Some(wait) = args.wait_ms {
+        lock = quote!(#lock.wait(::core::time::Duration::from_millis(#wait)));
+    }
+    let name = sig.ident.to_string();
+    Ok(quote! {
+        #(#attrs)*
+        #vis #sig {
+            ::lock_runtime::__private::run(
+                #lock,
+                ::core::concat!(::core::module_path!(), "::", #name),
+                async move #block,
+            )
+            .await
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    fn pretty(tokens: proc_macro2::TokenStream) -> String {
+        prettyplease::unparse(&syn::parse2(tokens).expect("the expansion is a valid file"))
+    }
+
+    #[test]
+    fn lottery_expansion() {
+        let expanded = super::expand(
+            quote!(key = "lottery:<date>", ttl = "10s"),
+            quote! {
+                pub async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> {
+                    let users = load_users(date).await?;
+                    Ok(pick_winners(&users, 10))
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn method_with_field_path_and_wait() {
+        let expanded = super::expand(
+            quote!(key = "order:<self.shard>:<order.id>", wait = "2s"),
+            quote! {
+                async fn settle(&self, order: &Order) -> Option<Receipt> {
+                    self.charge(order).await
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+}

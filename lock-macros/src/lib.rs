@@ -1,0 +1,36 @@
+//! The `#[distributed_lock]` attribute. Use it through `lock_runtime`, which
+//! re-exports it: `use lock_runtime::distributed_lock;`.
+//!
+//! The attribute is a thin syntax layer: it checks its arguments and the
+//! function's signature, then hands the body, unchanged, to
+//! `lock_runtime::__private::run`. Everything that runs lives in `lock_runtime`.
+
+mod args;
+mod duration;
+mod expand;
+mod key_template;
+mod return_kind;
+
+use proc_macro::TokenStream;
+
+/// Runs the body of an `async fn` under a Redis distributed lock.
+///
+/// ```ignore
+/// #[distributed_lock(key = "lottery:<date>", ttl = "10s", wait = "2s")]
+/// async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> { ... }
+/// ```
+///
+/// - `key` (required): the lock's name; `<param>` and `<param.field>` are
+///   replaced by the `Display` of the function's parameters.
+/// - `ttl` (default 30 s): how long the lock lives if never released.
+/// - `wait` (default: none): how long to wait for a busy lock; without it a
+///   busy lock is not waited for.
+///
+/// When the lock is not acquired, the body does not run and the function
+/// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for
+/// `Option<T>`, and nothing for `()` (the reason is logged with `tracing`).
+/// See the `lock_runtime` crate for the full documentation.
+#[proc_macro_attribute]
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(args.into(), item.into()).into()
+}

@@ -1,0 +1,62 @@
+//! What `#[distributed_lock]` expands to calls: one function, and the trait
+//! that turns "not acquired" into the annotated function's return type.
+//! Not a public API; only the macro's expansion uses it.
+
+use std::future::Future;
+
+use crate::error::LockError;
+use crate::lock::Lock;
+
+/// How a return type says "the lock was not acquired, the body did not run".
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` cannot report a lock that was not acquired through `{Self}`",
+    label = "this return type has no way to say the body did not run",
+    note = "return `Result<T, E>` with `E: From<lock_runtime::LockError>`, `Option<T>` or `()`"
+)]
+pub trait NotAcquired {
+    /// The value returned instead of running the body.
+    fn not_acquired(error: LockError, function: &'static str) -> Self;
+}
+
+impl<T, E: From<LockError>> NotAcquired for Result<T, E> {
+    fn not_acquired(error: LockError, function: &'static str) -> Self {
+        tracing::debug!(function, %error, "lock not acquired; body skipped");
+        Err(E::from(error))
+    }
+}
+
+impl<T> NotAcquired for Option<T> {
+    fn not_acquired(error: LockError, function: &'static str) -> Self {
+        log_skip(&error, function);
+        None
+    }
+}
+
+impl NotAcquired for () {
+    fn not_acquired(error: LockError, function: &'static str) {
+        log_skip(&error, function);
+    }
+}
+
+/// `()` and `Option` cannot carry the error, so it is recorded: a busy lock at
+/// info level (another instance is doing the work: normal), anything else at
+/// error level.
+fn log_skip(error: &LockError, function: &'static str) {
+    if error.is_busy() {
+        tracing::info!(function, %error, "lock busy; body skipped");
+    } else {
+        tracing::error!(function, %error, "lock not acquired; body skipped");
+    }
+}
+
+/// Runs `body` under `lock`, or returns the not-acquired value of `R`.
+pub async fn run<R: NotAcquired>(
+    lock: Lock,
+    function: &'static str,
+    body: impl Future<Output = R>,
+) -> R {
+    match lock.run(body).await {
+        Ok(output) => output,
+        Err(error) => R::not_acquired(error, function),
+    }
+}

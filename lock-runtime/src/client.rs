@@ -1,0 +1,257 @@
+//! The Redis client: configuration, the process-wide default client and the
+//! one place that applies deadlines to Redis calls.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::error::LockError;
+use crate::redact::redact_url;
+
+/// The environment variable read when [`init`] was not called.
+pub const REDIS_URL_ENV: &str = "REDIS_URL";
+
+/// How to reach Redis and how long to wait for it.
+///
+/// `Debug` masks the password of the URL.
+#[derive(Clone)]
+pub struct Config {
+    url: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    key_prefix: String,
+}
+
+impl Config {
+    /// Default time allowed to open a connection.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+    /// Default time allowed for Redis to answer one command.
+    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+    /// Default prefix of every Redis key the locks use.
+    pub const DEFAULT_KEY_PREFIX: &'static str = "lock:";
+
+    /// A configuration for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// `rediss://` for TLS when the `redis` crate's TLS feature is on, `redis+unix:///path`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Config {
+            url: url.into(),
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
+            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
+        }
+    }
+
+    /// A configuration from the `REDIS_URL` environment variable.
+    pub fn from_env() -> Result<Self, LockError> {
+        match std::env::var(REDIS_URL_ENV) {
+            Ok(url) if !url.trim().is_empty() => Ok(Config::new(url)),
+            _ => Err(LockError::config(
+                "no Redis URL configured: call `lock_runtime::init(\"redis://host:6379\")` at \
+                 start-up or set the REDIS_URL environment variable",
+            )),
+        }
+    }
+
+    /// Time allowed to open a connection (default 1 s). A Redis that is down
+    /// makes an operation fail after about `connect_timeout + response_timeout`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time allowed for Redis to answer one command (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Prefix of every Redis key the locks use (default `lock:`), so a lock
+    /// `order:42` lives at `lock:{order:42}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// The URL with its password masked, fit for logs.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &self.redacted_url())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
+/// A handle on one auto-reconnecting, multiplexed Redis connection.
+///
+/// Cheap to clone; all clones share the connection. Most programs never build
+/// one: locks use the process-wide client set up by [`init`] or `REDIS_URL`.
+/// Build one with [`Client::new`] to talk to another Redis, or in tests.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    config: Config,
+    connection: ConnectionManager,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").field("config", &self.inner.config).finish()
+    }
+}
+
+impl Client {
+    /// Builds a client. The connection is opened on first use, so this only
+    /// fails on a malformed URL. Must be called inside a Tokio runtime.
+    pub fn new(config: Config) -> Result<Self, LockError> {
+        let redis_client = redis::Client::open(config.url.as_str()).map_err(|error| {
+            LockError::config(format!(
+                "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
+                config.redacted_url(),
+                error.kind_description()
+            ))
+        })?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(LockError::config(
+                "the lock client must be created inside a Tokio runtime",
+            ));
+        }
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            // One quick retry: a Redis that is down fails the call within
+            // seconds instead of after the default six growing delays.
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(200));
+        let connection = ConnectionManager::new_lazy_with_config(redis_client, manager_config)
+            .map_err(|error| {
+                LockError::config(format!(
+                    "cannot set up the Redis client for `{}`: {error}",
+                    config.redacted_url()
+                ))
+            })?;
+        Ok(Client {
+            inner: Arc::new(ClientInner { config, connection }),
+        })
+    }
+
+    /// The configuration this client was built with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.inner.config.key_prefix
+    }
+
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.inner.connection.clone()
+    }
+
+    /// The longest one Redis call may take before it fails with a timeout.
+    pub(crate) fn call_deadline(&self) -> Duration {
+        self.inner.config.connect_timeout + self.inner.config.response_timeout
+    }
+
+    /// Runs one Redis call under the client's deadline, so that no call can
+    /// hang however the connection misbehaves.
+    pub(crate) async fn call<T>(
+        &self,
+        key: &str,
+        operation: &'static str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, LockError> {
+        let deadline = self.call_deadline();
+        match tokio::time::timeout(deadline, call).await {
+            Ok(result) => result.map_err(|source| LockError::redis(key, operation, source)),
+            Err(_elapsed) => Err(LockError::redis(
+                key,
+                operation,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {deadline:?}"),
+                )
+                .into(),
+            )),
+        }
+    }
+}
+
+static GLOBAL_CONFIG: OnceCell<Config> = OnceCell::new();
+static GLOBAL_CLIENT: OnceCell<Client> = OnceCell::new();
+
+/// Configures the process-wide client with the Redis at `url`.
+///
+/// Call it once at start-up, before the first lock is taken. Without it, the
+/// first lock reads `REDIS_URL`. Fails on a malformed URL, or when the client
+/// was already configured.
+pub fn init(url: impl Into<String>) -> Result<(), LockError> {
+    init_with(Config::new(url))
+}
+
+/// Configures the process-wide client with a full [`Config`].
+pub fn init_with(config: Config) -> Result<(), LockError> {
+    redis::Client::open(config.url.as_str()).map_err(|error| {
+        LockError::config(format!(
+            "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
+            config.redacted_url(),
+            error.kind_description()
+        ))
+    })?;
+    let redacted = config.redacted_url();
+    GLOBAL_CONFIG.set(config).map_err(|_| {
+        LockError::config(format!(
+            "lock_runtime::init was called twice (second URL `{redacted}`); call it once at \
+             start-up"
+        ))
+    })?;
+    if GLOBAL_CLIENT.get().is_some() {
+        return Err(LockError::config(
+            "lock_runtime::init was called after the first lock was taken; call it at start-up",
+        ));
+    }
+    Ok(())
+}
+
+/// The process-wide client, built on first use from [`init`]'s configuration
+/// or from `REDIS_URL`.
+pub fn global_client() -> Result<Client, LockError> {
+    GLOBAL_CLIENT
+        .get_or_try_init(|| {
+            let config = match GLOBAL_CONFIG.get() {
+                Some(config) => config.clone(),
+                None => Config::from_env()?,
+            };
+            Client::new(config)
+        })
+        .cloned()
+}
+
+trait KindDescription {
+    fn kind_description(&self) -> String;
+}
+
+impl KindDescription for redis::RedisError {
+    /// The error's kind and detail, without echoing the URL back.
+    fn kind_description(&self) -> String {
+        match self.detail() {
+            Some(detail) => format!("{:?}: {detail}", self.kind()),
+            None => format!("{:?}", self.kind()),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Why a held lock is no longer held by its holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostCause {
+    /// The key was gone: the lock's ttl passed before the holder released it.
+    Expired,
+    /// Another holder's token was in the key: the ttl passed and another holder
+    /// acquired the lock.
+    TakenOver,
+}
+
+impl std::fmt::Display for LostCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostCause::Expired => "its ttl passed and the key expired",
+            LostCause::TakenOver => "its ttl passed and another holder acquired it",
+        })
+    }
+}
+
+/// Everything that can go wrong when taking, holding or releasing a lock.
+///
+/// Each message says what happened and what to do about it. No variant ever
+/// carries a password: Redis URLs are shown with the password masked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock is held by another holder and no waiting was asked for.
+    #[error(
+        "lock `{key}` is held by another holder; not acquired (set `wait` to wait for it \
+         instead of giving up at once)"
+    )]
+    Busy {
+        /// The lock's key, as the caller wrote it.
+        key: String,
+    },
+
+    /// The lock stayed busy for the whole `wait`.
+    #[error(
+        "lock `{key}` stayed held by another holder for the whole wait of {waited:?}; not \
+         acquired (wait longer, or make the holder's critical section shorter)"
+    )]
+    WaitTimeout {
+        /// The lock's key, as the caller wrote it.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The holder no longer holds the lock: another holder may have run its
+    /// critical section at the same time.
+    #[error(
+        "lock `{key}` was lost: {cause}; another holder may have run at the same time \
+         (use a longer ttl, or `renew` for work that can outlast it)"
+    )]
+    Lost {
+        /// The lock's key, as the caller wrote it.
+        key: String,
+        /// What Redis showed.
+        cause: LostCause,
+    },
+
+    /// Redis could not be reached or answered with an error.
+    #[error(
+        "Redis {operation} for lock `{key}` failed: {source} (check that Redis is up and \
+         reachable at the configured URL)"
+    )]
+    Redis {
+        /// The lock's key, as the caller wrote it.
+        key: String,
+        /// What was being done: `acquire`, `release`, ...
+        operation: &'static str,
+        /// The error from the Redis client. Timeouts are I/O errors of kind `TimedOut`.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// The client is not configured, or configured wrongly.
+    #[error("lock configuration error: {message}")]
+    Config {
+        /// What is wrong and how to fix it (never containing a password).
+        message: String,
+    },
+}
+
+impl LockError {
+    /// The lock was not acquired because another holder has it (`Busy` or
+    /// `WaitTimeout`): the normal "someone else is doing it" outcome.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LockError::Busy { .. } | LockError::WaitTimeout { .. })
+    }
+
+    /// The holder learnt that it had lost the lock.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        LockError::Config {
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn redis(key: &str, operation: &'static str, source: redis::RedisError) -> Self {
+        LockError::Redis {
+            key: key.to_owned(),
+            operation,
+            source,
+        }
+    }
+}
+
+impl From<LockError> for std::io::Error {
+    fn from(error: LockError) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &error {
+            LockError::Busy { .. } => ErrorKind::WouldBlock,
+            LockError::WaitTimeout { .. } => ErrorKind::TimedOut,
+            LockError::Lost { .. } => ErrorKind::Other,
+            LockError::Redis { source, .. } if source.is_timeout() => ErrorKind::TimedOut,
+            LockError::Redis { source, .. } if source.is_connection_refusal() => {
+                ErrorKind::ConnectionRefused
+            }
+            LockError::Redis { .. } => ErrorKind::Other,
+            LockError::Config { .. } => ErrorKind::InvalidInput,
+        };
+        std::io::Error::new(kind, error)
+    }
+}

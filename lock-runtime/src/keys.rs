@@ -1,0 +1,44 @@
+//! Where a lock lives in Redis.
+//!
+//! A lock named `order:42` lives at `lock:{order:42}`. The braces are a Redis
+//! Cluster hash tag: every key derived from the same name (`lock:{order:42}`,
+//! and later `lock:{order:42}:fence`, `lock:{order:42}:queue`, ...) hashes to
+//! the same slot, so one Lua script may touch all of them on a cluster.
+
+use crate::error::LockError;
+
+/// Longest lock name accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The Redis key of the lock called `name`.
+pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
+    if name.is_empty() {
+        return Err(LockError::config(
+            "a lock key must not be empty: name the resource, e.g. `order:<id>`",
+        ));
+    }
+    if name.len() > MAX_KEY_LEN {
+        return Err(LockError::config(format!(
+            "lock key `{}...` is {} bytes long; the limit is {MAX_KEY_LEN}: hash long inputs first",
+            name.chars().take(32).collect::<String>(),
+            name.len()
+        )));
+    }
+    Ok(format!("{prefix}{{{name}}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lock_key;
+
+    #[test]
+    fn wraps_the_name_in_a_hash_tag() {
+        assert_eq!(lock_key("lock:", "order:42").unwrap(), "lock:{order:42}");
+    }
+
+    #[test]
+    fn rejects_empty_and_oversized_names() {
+        assert!(lock_key("lock:", "").is_err());
+        assert!(lock_key("lock:", &"x".repeat(2000)).is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! Starts a private `redis-server` on a free loopback port and stops it when
+//! the handle is dropped (also while a panicking test unwinds). The server is
+//! tied to the process that started it: if that process dies without
+//! unwinding (SIGKILL), the kernel sends the server SIGTERM.
+//!
+//! Nothing here ever talks to a server it did not start.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment variable naming the `redis-server` binary (default: found
+/// on `PATH`).
+pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
+
+/// A running private redis-server.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port of 127.0.0.1 with persistence off, and
+    /// waits (a bounded number of times) until it answers PING.
+    ///
+    /// Panics with instructions when `redis-server` cannot be found or does
+    /// not come up: tests cannot run without it.
+    pub fn start() -> RedisServer {
+        Self::try_start().unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Like [`start`](Self::start), returning an error instead of panicking.
+    pub fn try_start() -> io::Result<RedisServer> {
+        let mut last_error = None;
+        // Another process can grab the free port between our probe and the
+        // server's bind: try a few ports.
+        for _ in 0..5 {
+            let port = free_port()?;
+            match Self::start_on(port) {
+                Ok(server) => return Ok(server),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    /// Starts a server on the given loopback port (to restart one on the port
+    /// it had).
+    pub fn start_on(port: u16) -> io::Result<RedisServer> {
+        let binary = binary();
+        let mut command = Command::new(&binary);
+        command
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--protected-mode", "yes", "--loglevel", "warning"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe and touches only this child.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!(
+                    "cannot run `{}` ({error}): install it (`apt-get install redis-server`) or \
+                     set {REDIS_SERVER_ENV} to its path",
+                    binary.display()
+                ),
+            )
+        })?;
+        let mut server = RedisServer { child, port };
+        server.wait_until_ready()?;
+        Ok(server)
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's URL, `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops the server now (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends one command in RESP and returns the raw reply. For test set-up
+    /// and checks, independent of the library under test.
+    pub fn command(&self, args: &[&str]) -> io::Result<String> {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream.write_all(request.as_bytes())?;
+        read_reply(&mut stream)
+    }
+
+    fn wait_until_ready(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "redis-server on port {} exited at start-up ({status})",
+                    self.port
+                )));
+            }
+            if matches!(self.command(&["PING"]).as_deref(), Ok("+PONG\r\n")) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("redis-server on port {} did not answer PING within 10 s", self.port),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os(REDIS_SERVER_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// Reads one complete RESP reply (simple, error, integer, bulk, or a flat
+/// array of those) and returns its raw text.
+fn read_reply(stream: &mut TcpStream) -> io::Result<String> {
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut buffer)?;
+        if read == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        raw.extend_from_slice(&buffer[..read]);
+        if reply_complete(&raw) {
+            return Ok(String::from_utf8_lossy(&raw).into_owned());
+        }
+    }
+}
+
+fn reply_complete(raw: &[u8]) -> bool {
+    fn element(raw: &[u8], at: usize) -> Option<usize> {
+        let line_end = raw[at..].windows(2).position(|w| w == b"\r\n")? + at;
+        let header = std::str::from_utf8(&raw[at + 1..line_end]).ok()?;
+        let next = line_end + 2;
+        match raw.get(at)? {
+            b'$' => {
+                let length: i64 = header.parse().ok()?;
+                if length < 0 {
+                    return Some(next);
+                }
+                let end = next + length as usize + 2;
+                (raw.len() >= end).then_some(end)
+            }
+            b'*' => {
+                let count: i64 = header.parse().ok()?;
+                let mut position = next;
+                for _ in 0..count.max(0) {
+                    position = element(raw, position)?;
+                }
+                Some(position)
+            }
+            _ => Some(next),
+        }
+    }
+    element(raw, 0) == Some(raw.len())
+}
