@@ -1,1 +1,189 @@
-fn main(){}
+//! One "service instance" for the multi-process tests. Each mode is a small
+//! program driven by the test through argv, stdin and stdout; locks go
+//! through the process-wide client, configured from `REDIS_URL`.
+//!
+//! Modes:
+//! - `count KEY TASKS SECTIONS COUNTER [unlocked]`: TASKS tasks each run
+//!   SECTIONS critical sections under `#[distributed_lock(wait)]`, each a
+//!   non-atomic GET / +1 / SET of COUNTER. `unlocked` runs the same sections
+//!   without the lock (the control that shows the race is real).
+//! - `lottery DATE INSTANCES`: prints `ready`, waits for `go` on stdin, then
+//!   calls the lottery job once; prints `won` or `skipped`.
+//! - `hold KEY TTL_MS`: takes the lock with the manual API, prints
+//!   `held TOKEN`, waits for `release` on stdin, releases, prints the outcome.
+//! - `slow-holder KEY`: an attributed fn with ttl 300ms whose body prints
+//!   `in-body` and waits for `finish` on stdin; prints `returned` after.
+//! - `try KEY`: one try; prints `acquired`, `busy` or `error: MESSAGE`.
+
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, Lock, LockError};
+use redis::AsyncCommands;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+type Redis = redis::aio::MultiplexedConnection;
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["count", key, tasks, sections, counter, rest @ ..] => {
+            count(
+                key,
+                parse(tasks),
+                parse(sections),
+                counter,
+                rest == ["unlocked"],
+            )
+            .await
+        }
+        ["lottery", date, instances] => lottery(date, parse(instances)).await,
+        ["hold", key, ttl_ms] => hold(key, parse(ttl_ms)).await,
+        ["slow-holder", key] => slow_holder(key).await,
+        ["try", key] => try_once(key).await,
+        _ => panic!("unknown worker mode: {args:?}"),
+    }
+}
+
+fn parse<T: std::str::FromStr>(text: &str) -> T {
+    text.parse()
+        .unwrap_or_else(|_| panic!("not a number: {text}"))
+}
+
+/// A connection of its own for the test's bookkeeping, separate from the
+/// lock's client.
+async fn bookkeeping() -> Redis {
+    let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("bookkeeping connection")
+}
+
+async fn next_line() -> String {
+    let mut line = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await
+        .expect("stdin");
+    line.trim().to_owned()
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}").unwrap();
+    stdout.flush().unwrap();
+}
+
+/// The non-atomic read-modify-write that mutual exclusion must protect.
+async fn increment(redis: &mut Redis, counter: &str) {
+    let value: i64 = redis
+        .get::<_, Option<i64>>(counter)
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    // Give other sections every chance to interleave.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let _: () = redis.set(counter, value + 1).await.unwrap();
+}
+
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "60s")]
+async fn locked_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    increment(redis, counter).await;
+    Ok(())
+}
+
+async fn count(key: &str, tasks: usize, sections: usize, counter: &str, unlocked: bool) {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (key, counter) = (key.to_owned(), counter.to_owned());
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            for _ in 0..sections {
+                if unlocked {
+                    increment(&mut redis, &counter).await;
+                } else {
+                    locked_section(&key, &mut redis, &counter)
+                        .await
+                        .expect("section under lock");
+                }
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    say("done");
+}
+
+static WON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The noon job. Returns `()`: a busy lock is skipped and logged. The winner
+/// keeps the lock until every other instance has tried, so the test shows
+/// that they all skipped rather than ran one after another.
+#[distributed_lock(key = "lottery:<date>", ttl = "10s")]
+async fn draw_lottery(date: &str, others: usize) {
+    WON.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut redis = bookkeeping().await;
+    let _: i64 = redis.incr(format!("runs:{date}"), 1).await.unwrap();
+    for _ in 0..others {
+        let waited: Option<(String, String)> = redis
+            .blpop(format!("attempted:{date}"), 10.0)
+            .await
+            .unwrap();
+        assert!(waited.is_some(), "another instance never tried");
+    }
+}
+
+async fn lottery(date: &str, instances: usize) {
+    let mut redis = bookkeeping().await;
+    say("ready");
+    assert_eq!(next_line().await, "go");
+    draw_lottery(date, instances - 1).await;
+    let won = WON.load(std::sync::atomic::Ordering::SeqCst);
+    if !won {
+        let _: i64 = redis.rpush(format!("attempted:{date}"), 1).await.unwrap();
+    }
+    say(if won { "won" } else { "skipped" });
+}
+
+async fn hold(key: &str, ttl_ms: u64) {
+    let guard = Lock::new(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .acquire()
+        .await
+        .expect("hold: acquire");
+    say(&format!("held {}", guard.token()));
+    assert_eq!(next_line().await, "release");
+    match guard.release().await {
+        Ok(()) => say("released"),
+        Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+#[distributed_lock(key = "<key>", ttl = "300ms")]
+async fn slow_body(key: &str) -> Result<(), LockError> {
+    say("in-body");
+    assert_eq!(next_line().await, "finish");
+    Ok(())
+}
+
+async fn slow_holder(key: &str) {
+    slow_body(key).await.expect("slow body ran");
+    say("returned");
+}
+
+async fn try_once(key: &str) {
+    match Lock::new(key).try_acquire().await {
+        Ok(guard) => {
+            say("acquired");
+            guard.release().await.expect("release");
+        }
+        Err(LockError::Busy { .. }) => say("busy"),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}

@@ -42,9 +42,7 @@ impl ArgsParser {
                 let millis = parse_duration(&name, &literal)?;
                 set_once(&meta, &name, &mut self.wait_ms, millis)
             }
-            other => Err(meta.error(format!(
-                "unknown argument `{other}`: expected {ARGUMENTS}"
-            ))),
+            other => Err(meta.error(format!("unknown argument `{other}`: expected {ARGUMENTS}"))),
         }
     }
 
@@ -65,7 +63,9 @@ impl ArgsParser {
 
 fn string_value(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Result<LitStr> {
     let value = meta.value().map_err(|_| {
-        meta.error(format!("`{name}` needs a value: write `{name} = {example}`"))
+        meta.error(format!(
+            "`{name}` needs a value: write `{name} = {example}`"
+        ))
     })?;
     let expr: syn::Expr = value.parse()?;
     match expr {
@@ -80,7 +80,12 @@ fn string_value(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Resul
     }
 }
 
-fn set_once<T>(meta: &ParseNestedMeta, name: &str, slot: &mut Option<T>, value: T) -> syn::Result<()> {
+fn set_once<T>(
+    meta: &ParseNestedMeta,
+    name: &str,
+    slot: &mut Option<T>,
+    value: T,
+) -> syn::Result<()> {
     if slot.is_some() {
         return Err(meta.error(format!("`{name}` is given twice: keep one")));
     }

@@ -27,25 +27,37 @@ fn parse_millis(text: &str) -> Result<u64, String> {
     while !rest.is_empty() {
         let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
         if digits == 0 {
-            return Err(format!("`{text}` has no number before `{rest}`"));
+            return Err(if rest == text {
+                format!("`{text}` does not start with a number")
+            } else {
+                format!("`{text}` has `{rest}` where a number should be")
+            });
         }
-        let number: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("`{}` is too large", &rest[..digits]))?;
+        let number = &rest[..digits];
         rest = &rest[digits..];
-        let unit_len = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_alphabetic()).len();
+        let unit_len = rest.len()
+            - rest
+                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                .len();
         let unit = &rest[..unit_len];
-        let factor = match unit {
+        let factor: u64 = match unit {
             "ms" => 1,
             "s" => 1_000,
             "m" => 60_000,
             "h" => 3_600_000,
-            "" => return Err(format!("`{number}` has no unit")),
+            "" if rest.is_empty() => return Err(format!("`{number}` has no unit")),
+            "" => {
+                return Err(format!(
+                    "`{text}` has `{rest}` right after `{number}` where a unit should be"
+                ))
+            }
             other => return Err(format!("`{other}` is not a unit")),
         };
         rest = &rest[unit_len..];
         total = number
-            .checked_mul(factor)
+            .parse::<u64>()
+            .ok()
+            .and_then(|number| number.checked_mul(factor))
             .and_then(|part| total.checked_add(part))
             .ok_or_else(|| format!("`{text}` is too long"))?;
     }
@@ -70,7 +82,19 @@ mod tests {
 
     #[test]
     fn rejects_zero_missing_units_and_junk() {
-        for bad in ["", "0s", "0ms", "10", "s", "1.5s", "10 s", "10sec", "-1s", "1h30", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "0s",
+            "0ms",
+            "10",
+            "s",
+            "1.5s",
+            "10 s",
+            "10sec",
+            "-1s",
+            "1h30",
+            "99999999999999999999s",
+        ] {
             assert!(parse_millis(bad).is_err(), "{bad:?} was accepted");
         }
     }

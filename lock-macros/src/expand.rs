@@ -60,9 +60,14 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     let span = args.key.span();
     let format = &key.format;
     let key_args = &key.args;
-    let mut lock = quote_spanned!(span=>
-        ::lock_runtime::Lock::new(::std::format!(#format #(, #key_args)*))
-    );
+    let mut lock = if key_args.is_empty() {
+        let literal = &args.key;
+        quote_spanned!(span=> ::lock_runtime::Lock::new(#literal))
+    } else {
+        quote_spanned!(span=>
+            ::lock_runtime::Lock::new(::std::format!(#format #(, #key_args)*))
+        )
+    };
     if let Some(ttl) = args.ttl_ms {
         lock = quote!(#lock.ttl(::core::time::Duration::from_millis(#ttl)));
     }
@@ -70,10 +75,16 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         lock = quote!(#lock.wait(::core::time::Duration::from_millis(#wait)));
     }
     let name = sig.ident.to_string();
+    // A return type the runtime cannot use is reported at the return type.
+    let output_span = match &sig.output {
+        syn::ReturnType::Type(_, ty) => ty.span(),
+        syn::ReturnType::Default => sig.ident.span(),
+    };
+    let run = quote_spanned!(output_span=> ::lock_runtime::__private::run);
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
-            ::lock_runtime::__private::run(
+            #run(
                 #lock,
                 ::core::concat!(::core::module_path!(), "::", #name),
                 async move #block,

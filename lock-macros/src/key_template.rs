@@ -52,7 +52,10 @@ pub(crate) fn parse_key(literal: &LitStr, signature: &Signature) -> syn::Result<
             )));
         }
         let after = &rest[position + 1..];
-        let Some(close) = after.find(['<', '>']).filter(|&i| after.as_bytes()[i] == b'>') else {
+        let Some(close) = after
+            .find(['<', '>'])
+            .filter(|&i| after.as_bytes()[i] == b'>')
+        else {
             return Err(error(format!(
                 "unclosed `<` in key \"{text}\": close the placeholder with `>`, e.g. `<order_id>`"
             )));

@@ -110,7 +110,9 @@ struct ClientInner {
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client").field("config", &self.inner.config).finish()
+        f.debug_struct("Client")
+            .field("config", &self.inner.config)
+            .finish()
     }
 }
 

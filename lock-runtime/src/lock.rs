@@ -200,7 +200,8 @@ impl Lock {
             pipe.add_command(set).cmd("PTTL").arg(key);
             client
                 .call(&self.name, "acquire", async {
-                    let (set, pttl): (Option<String>, i64) = pipe.query_async(&mut connection).await?;
+                    let (set, pttl): (Option<String>, i64) =
+                        pipe.query_async(&mut connection).await?;
                     Ok(match set {
                         Some(_) => Attempt::Acquired,
                         None => Attempt::Busy(u64::try_from(pttl).ok().map(Duration::from_millis)),

@@ -33,7 +33,9 @@ fn redact_query(tail: &str) -> String {
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password") => {
+            Some((name, _))
+                if name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password") =>
+            {
                 format!("{name}=***")
             }
             _ => pair.to_owned(),
@@ -50,7 +52,10 @@ mod tests {
     fn masks_every_password_form() {
         let cases = [
             ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-            ("redis://user:s3cret@host:6379/0", "redis://user:***@host:6379/0"),
+            (
+                "redis://user:s3cret@host:6379/0",
+                "redis://user:***@host:6379/0",
+            ),
             ("redis://:s3cret@host", "redis://:***@host"),
             ("rediss://s3cret@host:6380", "rediss://***@host:6380"),
             ("redis://u:p@ss:w@rd@host/1", "redis://u:***@host/1"),

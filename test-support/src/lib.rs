@@ -5,6 +5,9 @@
 //!
 //! Nothing here ever talks to a server it did not start.
 
+mod process;
+pub use process::Process;
+
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -105,14 +108,7 @@ impl RedisServer {
     /// Sends one command in RESP and returns the raw reply. For test set-up
     /// and checks, independent of the library under test.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        stream.write_all(request.as_bytes())?;
-        read_reply(&mut stream)
+        command(self.port, args)
     }
 
     fn wait_until_ready(&mut self) -> io::Result<()> {
@@ -131,7 +127,10 @@ impl RedisServer {
                 self.kill();
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("redis-server on port {} did not answer PING within 10 s", self.port),
+                    format!(
+                        "redis-server on port {} did not answer PING within 10 s",
+                        self.port
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -143,6 +142,19 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Sends one command in RESP to the server on loopback `port` and returns the
+/// raw reply (e.g. `":1\r\n"`).
+pub fn command(port: u16, args: &[&str]) -> io::Result<String> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    read_reply(&mut stream)
 }
 
 /// A port that was free on 127.0.0.1 a moment ago.
@@ -165,7 +177,10 @@ fn read_reply(stream: &mut TcpStream) -> io::Result<String> {
     loop {
         let read = stream.read(&mut buffer)?;
         if read == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
         }
         raw.extend_from_slice(&buffer[..read]);
         if reply_complete(&raw) {

@@ -1,0 +1,105 @@
+//! Child processes driven line by line: the "service instances" of the
+//! multi-process tests and the lottery demo.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+/// A child process whose stdout lines arrive on a channel. Killed on drop.
+pub struct Process {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    name: String,
+}
+
+impl Process {
+    /// Starts `program args...` with `REDIS_URL` set to `redis_url` (or
+    /// removed when `None`), stdin and stdout piped, stderr inherited.
+    pub fn spawn(program: impl AsRef<Path>, args: &[&str], redis_url: Option<&str>) -> Process {
+        let program = program.as_ref();
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        match redis_url {
+            Some(url) => command.env("REDIS_URL", url),
+            None => command.env_remove("REDIS_URL"),
+        };
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {}: {error}", program.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Process {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            name: format!("{} {}", program.display(), args.join(" ")),
+        }
+    }
+
+    /// The next stdout line, waiting at most `timeout`. Panics (naming the
+    /// process) when none comes: the process hung or died.
+    pub fn line(&mut self, timeout: Duration) -> String {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("`{}` printed nothing within {timeout:?}", self.name)
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().ok();
+                panic!("`{}` exited ({status:?}) before printing a line", self.name)
+            }
+        }
+    }
+
+    /// Writes one line to the process's stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        writeln!(stdin, "{line}").expect("write to child stdin");
+        stdin.flush().expect("flush child stdin");
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit (at most `timeout`) and panics unless it
+    /// exited with status 0.
+    pub fn wait_success(&mut self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                assert!(status.success(), "`{}` failed: {status}", self.name);
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "`{}` did not exit within {timeout:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,42 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+pub use test_support::{Process, RedisServer};
+
+/// Generous bound for a worker's next line: only hit when something hangs.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts the `lock-worker` binary in `mode` against `server`.
+pub fn worker(server: &RedisServer, args: &[&str]) -> Process {
+    Process::spawn(env!("CARGO_BIN_EXE_lock-worker"), args, Some(&server.url()))
+}
+
+/// Sends a command to the server, returning the raw RESP reply.
+pub fn redis(server: &RedisServer, args: &[&str]) -> String {
+    server
+        .command(args)
+        .unwrap_or_else(|error| panic!("{args:?}: {error}"))
+}
+
+/// The value of a RESP bulk or integer reply (`None` for nil).
+pub fn value(reply: &str) -> Option<String> {
+    match reply.as_bytes().first() {
+        Some(b'$') if reply.starts_with("$-1") => None,
+        Some(b'$') => reply.split("\r\n").nth(1).map(str::to_owned),
+        Some(b':') | Some(b'+') => Some(reply[1..].trim_end().to_owned()),
+        _ => panic!("unexpected reply {reply:?}"),
+    }
+}
+
+/// Waits (bounded) until `condition` holds, checking every few milliseconds.
+/// For waiting on Redis-side state such as a key's expiry, which sends no
+/// signal.
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

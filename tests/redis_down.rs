@@ -1,0 +1,134 @@
+//! A Redis that is down, silent or restarted: errors come within the
+//! configured timeout, never a hang, and the client recovers.
+
+mod common;
+use common::*;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock, LockError};
+
+/// connect 500 ms + response 500 ms: a call fails after at most ~1 s.
+fn quick_client(url: String) -> Client {
+    Client::new(
+        Config::new(url)
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500)),
+    )
+    .unwrap()
+}
+
+/// Far above the configured 1 s, far below the tens of seconds that stacked
+/// default retries take: fails only on a real hang.
+const BOUND: Duration = Duration::from_secs(5);
+
+/// Both a try-once and a waiting acquire fail with a Redis error, fast.
+async fn assert_fails_fast(client: Client) -> Vec<LockError> {
+    let mut errors = Vec::new();
+    for lock in [
+        Lock::new("down").client(client.clone()),
+        Lock::new("down")
+            .client(client)
+            .wait(Duration::from_secs(60)),
+    ] {
+        let started = Instant::now();
+        let error = lock.acquire().await.expect_err("Redis is not answering");
+        assert!(matches!(error, LockError::Redis { .. }), "{error:?}");
+        assert!(started.elapsed() < BOUND, "took {:?}", started.elapsed());
+        errors.push(error);
+    }
+    errors
+}
+
+#[tokio::test]
+async fn refused_port_fails_within_the_timeout() {
+    let port = test_support::free_port().unwrap();
+    for error in assert_fails_fast(quick_client(format!("redis://127.0.0.1:{port}/"))).await {
+        assert!(error.to_string().contains("acquire"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn silent_listener_fails_within_the_timeout() {
+    // Accepts connections and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while stopped.try_recv().is_err() {
+            if let Ok((socket, _)) = listener.accept() {
+                held.push(socket);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    assert_fails_fast(quick_client(format!("redis://127.0.0.1:{port}/"))).await;
+    stop.send(()).unwrap();
+    holder.join().unwrap();
+}
+
+#[tokio::test]
+async fn passwords_never_appear_in_errors_or_debug() {
+    let port = test_support::free_port().unwrap();
+    let url = format!("redis://app:hunter2secret@127.0.0.1:{port}/");
+    let config = Config::new(url.clone());
+    assert!(!format!("{config:?}").contains("hunter2secret"));
+    let client = quick_client(url);
+    assert!(!format!("{client:?}").contains("hunter2secret"));
+    let error = Lock::new("x").client(client).acquire().await.unwrap_err();
+    assert!(
+        !format!("{error} {error:?}").contains("hunter2secret"),
+        "{error:?}"
+    );
+
+    let bad = Client::new(Config::new("redis://app:hunter2secret@[not-a-host/")).unwrap_err();
+    assert!(matches!(bad, LockError::Config { .. }), "{bad:?}");
+    assert!(
+        !format!("{bad} {bad:?}").contains("hunter2secret"),
+        "{bad:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_client_recovers_after_a_restart() {
+    let mut server = RedisServer::start();
+    let port = server.port();
+    let client = quick_client(server.url());
+    let lock = Lock::new("restart").client(client);
+    lock.acquire().await.unwrap().release().await.unwrap();
+
+    server.kill();
+    let error = lock.acquire().await.expect_err("server is down");
+    assert!(matches!(error, LockError::Redis { .. }), "{error:?}");
+
+    let _server = RedisServer::start_on(port).expect("restart on the same port");
+    let mut recovered = None;
+    for _ in 0..20 {
+        match lock.acquire().await {
+            Ok(guard) => {
+                recovered = Some(guard);
+                break;
+            }
+            Err(LockError::Redis { .. }) => continue,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    recovered
+        .expect("reconnected within 20 tries")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[test]
+fn missing_url_says_what_to_set() {
+    let mut worker = Process::spawn(env!("CARGO_BIN_EXE_lock-worker"), &["try", "k"], None);
+    let line = worker.line(LINE_TIMEOUT);
+    assert!(line.starts_with("error: "), "{line}");
+    assert!(
+        line.contains("REDIS_URL") && line.contains("lock_runtime::init"),
+        "{line}"
+    );
+}
