@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Makes sure a redis-server binary is available, installing Debian's package
+# when it is missing. It starts nothing: the tests and the demo start their
+# own private servers on free loopback ports and stop them afterwards.
+set -euo pipefail
+
+if [ -n "${REDIS_SERVER:-}" ] || command -v redis-server >/dev/null 2>&1; then
+  exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "redis-server is missing and this is not a Debian-like system: install Redis" \
+       "(version 6.2 or later) and put redis-server on PATH, or set REDIS_SERVER." >&2
+  exit 1
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+echo "redis-server not found: installing Debian's redis-server package" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+command -v redis-server >/dev/null
