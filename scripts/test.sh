@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/ensure-redis-server.sh
-cargo test --workspace --all-targets --locked
+cargo test --workspace --locked
