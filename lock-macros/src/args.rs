@@ -2,17 +2,22 @@
 
 use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
+use syn::spanned::Spanned;
 use syn::LitStr;
 
 use crate::duration::parse_duration;
 
-const ARGUMENTS: &str = "`key`, `ttl` or `wait`";
+const ARGUMENTS: &str = "`key`, `ttl`, `wait`, `renew`, `max_hold` or `on_lost`";
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
     pub(crate) key: LitStr,
     pub(crate) ttl_ms: Option<u64>,
     pub(crate) wait_ms: Option<u64>,
+    pub(crate) renew: bool,
+    pub(crate) max_hold_ms: Option<u64>,
+    /// `on_lost = "continue"`; `"stop"` is the default and emits nothing.
+    pub(crate) continue_on_lost: bool,
 }
 
 #[derive(Default)]
@@ -20,6 +25,9 @@ pub(crate) struct ArgsParser {
     key: Option<LitStr>,
     ttl_ms: Option<u64>,
     wait_ms: Option<u64>,
+    renew: Option<Span>,
+    max_hold_ms: Option<(u64, Span)>,
+    on_lost: Option<(bool, Span)>,
 }
 
 impl ArgsParser {
@@ -42,6 +50,45 @@ impl ArgsParser {
                 let millis = parse_duration(&name, &literal)?;
                 set_once(&meta, &name, &mut self.wait_ms, millis)
             }
+            "renew" => {
+                if !(meta.input.is_empty() || meta.input.peek(syn::Token![,])) {
+                    return Err(meta.error("`renew` is a flag and takes no value: write `renew`"));
+                }
+                let span = meta.path.span();
+                set_once(&meta, &name, &mut self.renew, span)
+            }
+            "max_hold" => {
+                let literal = string_value(&meta, &name, "\"10m\"")?;
+                let millis = parse_duration(&name, &literal)?;
+                set_once(
+                    &meta,
+                    &name,
+                    &mut self.max_hold_ms,
+                    (millis, literal.span()),
+                )
+            }
+            "on_lost" => {
+                let literal = string_value(&meta, &name, "\"continue\"")?;
+                let continue_on_lost = match literal.value().as_str() {
+                    "stop" => false,
+                    "continue" => true,
+                    other => {
+                        return Err(syn::Error::new(
+                            literal.span(),
+                            format!(
+                                "unknown `on_lost` value \"{other}\": write \"stop\" (the default: \
+                                 the body is stopped when the lock is lost) or \"continue\""
+                            ),
+                        ))
+                    }
+                };
+                set_once(
+                    &meta,
+                    &name,
+                    &mut self.on_lost,
+                    (continue_on_lost, literal.span()),
+                )
+            }
             other => Err(meta.error(format!("unknown argument `{other}`: expected {ARGUMENTS}"))),
         }
     }
@@ -53,10 +100,29 @@ impl ArgsParser {
                 "missing `key`: name the lock, e.g. #[distributed_lock(key = \"order:<order_id>\")]",
             ));
         };
+        if self.renew.is_none() {
+            let needs_renew = [
+                ("max_hold", self.max_hold_ms.map(|(_, span)| span)),
+                ("on_lost", self.on_lost.map(|(_, span)| span)),
+            ];
+            for (name, span) in needs_renew {
+                if let Some(span) = span {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("`{name}` only applies to a renewed lock: add `renew`"),
+                    ));
+                }
+            }
+        }
         Ok(LockArgs {
             key,
             ttl_ms: self.ttl_ms,
             wait_ms: self.wait_ms,
+            renew: self.renew.is_some(),
+            max_hold_ms: self.max_hold_ms.map(|(millis, _)| millis),
+            continue_on_lost: self
+                .on_lost
+                .is_some_and(|(continue_on_lost, _)| continue_on_lost),
         })
     }
 }

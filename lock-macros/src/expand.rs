@@ -74,6 +74,15 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     if let Some(wait) = args.wait_ms {
         lock = quote!(#lock.wait(::core::time::Duration::from_millis(#wait)));
     }
+    if args.renew {
+        lock = quote!(#lock.renew());
+    }
+    if let Some(max_hold) = args.max_hold_ms {
+        lock = quote!(#lock.max_hold(::core::time::Duration::from_millis(#max_hold)));
+    }
+    if args.continue_on_lost {
+        lock = quote!(#lock.on_lost(::lock_runtime::OnLost::Continue));
+    }
     let name = sig.ident.to_string();
     // A return type the runtime cannot use is reported at the return type.
     let output_span = match &sig.output {
@@ -110,6 +119,19 @@ mod tests {
                 pub async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> {
                     let users = load_users(date).await?;
                     Ok(pick_winners(&users, 10))
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn renewed_with_max_hold() {
+        let expanded = super::expand(
+            quote!(key = "report:<day>", ttl = "10s", renew, max_hold = "10m"),
+            quote! {
+                async fn build_report(day: u32) {
+                    render(day).await;
                 }
             },
         );

@@ -25,6 +25,10 @@ use proc_macro::TokenStream;
 /// - `ttl` (default 30 s): how long the lock lives if never released.
 /// - `wait` (default: none): how long to wait for a busy lock; without it a
 ///   busy lock is not waited for.
+/// - `renew` (flag): keep the lock for as long as the body runs; the body is
+///   stopped if the lock is lost.
+/// - `max_hold` (with `renew`): stop renewing after this long.
+/// - `on_lost = "stop" | "continue"` (with `renew`, default `"stop"`).
 ///
 /// When the lock is not acquired, the body does not run and the function
 /// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for

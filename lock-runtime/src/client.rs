@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::LockError;
 use crate::redact::redact_url;
+use crate::renewal::{RenewalStats, Renewer};
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -71,6 +72,9 @@ impl Config {
 
     /// Prefix of every Redis key the locks use (default `lock:`), so a lock
     /// `order:42` lives at `lock:{order:42}`.
+    /// The prefix may not contain `{` or `}`: the braces after it are the
+    /// lock's Redis Cluster hash tag. Such a prefix is rejected by
+    /// [`Client::new`].
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
@@ -106,6 +110,14 @@ pub struct Client {
 struct ClientInner {
     config: Config,
     connection: ConnectionManager,
+    renewer: Arc<Renewer>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Lets an idle renewal driver see that its client is gone and exit.
+        self.renewer.nudge();
+    }
 }
 
 impl fmt::Debug for Client {
@@ -127,6 +139,12 @@ impl Client {
                 error.kind_description()
             ))
         })?;
+        if config.key_prefix.contains(['{', '}']) {
+            return Err(LockError::config(format!(
+                "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
+                config.key_prefix
+            )));
+        }
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(LockError::config(
                 "the lock client must be created inside a Tokio runtime",
@@ -147,14 +165,31 @@ impl Client {
                     config.redacted_url()
                 ))
             })?;
+        let renewer = Renewer::new(
+            connection.clone(),
+            config.connect_timeout + config.response_timeout,
+        );
         Ok(Client {
-            inner: Arc::new(ClientInner { config, connection }),
+            inner: Arc::new(ClientInner {
+                config,
+                connection,
+                renewer,
+            }),
         })
     }
 
     /// The configuration this client was built with.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// Counters of this client's renewal driver.
+    pub fn renewal_stats(&self) -> RenewalStats {
+        self.inner.renewer.stats()
+    }
+
+    pub(crate) fn renewer(&self) -> Arc<Renewer> {
+        Arc::clone(&self.inner.renewer)
     }
 
     pub(crate) fn key_prefix(&self) -> &str {

@@ -6,18 +6,49 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostCause {
-    /// The key was gone: the lock's ttl passed before the holder released it.
+    /// The key was gone: the lock's ttl passed (or Redis lost the key).
     Expired,
     /// Another holder's token was in the key: the ttl passed and another holder
     /// acquired the lock.
     TakenOver,
+    /// The validity deadline passed before a renewal was confirmed: Redis was
+    /// unreachable or slow, or this process was paused (GC, SIGSTOP, an
+    /// overloaded host) for longer than the time left.
+    NotRenewed,
+    /// `max_hold` was reached: renewals stopped and the ttl ran out.
+    MaxHold,
+}
+
+impl LostCause {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            LostCause::Expired => 1,
+            LostCause::TakenOver => 2,
+            LostCause::NotRenewed => 3,
+            LostCause::MaxHold => 4,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> LostCause {
+        match code {
+            1 => LostCause::Expired,
+            2 => LostCause::TakenOver,
+            3 => LostCause::NotRenewed,
+            _ => LostCause::MaxHold,
+        }
+    }
 }
 
 impl std::fmt::Display for LostCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            LostCause::Expired => "its ttl passed and the key expired",
+            LostCause::Expired => "its key expired before the holder released it",
             LostCause::TakenOver => "its ttl passed and another holder acquired it",
+            LostCause::NotRenewed => {
+                "its validity ran out before a renewal was confirmed (Redis unreachable or slow, \
+                 or this process was paused)"
+            }
+            LostCause::MaxHold => "`max_hold` was reached, so renewals stopped and its ttl ran out",
         })
     }
 }
@@ -54,8 +85,8 @@ pub enum LockError {
     /// The holder no longer holds the lock: another holder may have run its
     /// critical section at the same time.
     #[error(
-        "lock `{key}` was lost: {cause}; another holder may have run at the same time \
-         (use a longer ttl, or `renew` for work that can outlast it)"
+        "lock `{key}` was lost: {cause}; another holder may have run at the same time (use a \
+         longer ttl, `renew` for work that can outlast it, or a larger `max_hold`)"
     )]
     Lost {
         /// The lock's key, as the caller wrote it.

@@ -1,137 +1,141 @@
-//! A held lock and its release.
+//! A held lock: its release, its renewal registration, and running a body
+//! under it.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
 
-use crate::client::Client;
 use crate::error::{LockError, LostCause};
+use crate::hold::Hold;
+use crate::renewal::Registration;
 use crate::scripts::RELEASE;
+use crate::watch::{watch, HeldLock};
 
-/// What the holder knows about its lock.
-pub(crate) struct Held {
-    pub(crate) client: Client,
-    pub(crate) name: String,
-    pub(crate) key: String,
-    pub(crate) token: String,
-    pub(crate) ttl: Duration,
-    /// When the acquiring command was sent: the key's expiry is at most
-    /// `ttl` after this instant (a monotonic clock, not the wall clock).
-    pub(crate) acquired_at: Instant,
+/// What to do with the body when a renewed lock is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Drop the body's future (it is cancelled at its next await point) and
+    /// return [`LockError::Lost`]. The default.
+    #[default]
+    Stop,
+    /// Let the body run to its end and return its output; the loss is logged
+    /// at error level. Unsafe for mutual exclusion: after the loss another
+    /// holder may run at the same time as the rest of the body.
+    Continue,
 }
 
-impl Held {
-    /// Compare-and-delete: one EVALSHA round trip.
-    async fn release(&self) -> Result<(), LockError> {
-        let mut connection = self.client.connection();
-        let outcome: i64 = self
-            .client
-            .call(&self.name, "release", async {
-                RELEASE
-                    .key(&self.key)
-                    .arg(&self.token)
-                    .invoke_async(&mut connection)
-                    .await
-            })
-            .await?;
-        match outcome {
-            1 => {
-                tracing::debug!(lock = %self.name, "released");
-                Ok(())
-            }
-            0 => Err(LockError::Lost {
-                key: self.name.clone(),
-                cause: LostCause::Expired,
-            }),
-            _ => Err(LockError::Lost {
-                key: self.name.clone(),
-                cause: LostCause::TakenOver,
-            }),
+/// Compare-and-delete: one EVALSHA round trip.
+async fn release(hold: &Hold) -> Result<(), LockError> {
+    let mut connection = hold.client.connection();
+    let outcome: i64 = hold
+        .client
+        .call(&hold.name, "release", async {
+            RELEASE
+                .key(&hold.key)
+                .arg(&hold.token)
+                .invoke_async(&mut connection)
+                .await
+        })
+        .await?;
+    let lost = |cause| LockError::Lost {
+        key: hold.name.clone(),
+        cause,
+    };
+    match outcome {
+        1 => {
+            tracing::debug!(lock = %hold.name, "released");
+            Ok(())
         }
+        0 => Err(lost(LostCause::Expired)),
+        _ => Err(lost(LostCause::TakenOver)),
     }
+}
 
-    /// Releases in a background task; used when a guard is dropped without
-    /// `release()`, and after an acquire whose outcome is unknown.
-    pub(crate) fn spawn_cleanup(client: Client, key: String, token: String) {
-        let held = Held {
-            name: key.clone(),
-            client,
-            key,
-            token,
-            ttl: Duration::ZERO,
-            acquired_at: Instant::now(),
-        };
-        held.spawn_release();
-    }
-
-    fn spawn_release(self) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    match self.release().await {
-                        Ok(()) | Err(LockError::Lost { .. }) => {}
-                        Err(error) => tracing::warn!(
-                            lock = %self.name, %error,
-                            "background release failed; the lock frees itself when its ttl passes"
-                        ),
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                lock = %self.name,
-                "lock guard dropped outside a Tokio runtime; the lock frees itself when its ttl passes"
-            ),
+/// Releases in a background task on the current Tokio runtime.
+pub(crate) fn spawn_release(hold: Arc<Hold>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                match release(&hold).await {
+                    Ok(()) | Err(LockError::Lost { .. }) => {}
+                    Err(error) => tracing::warn!(
+                        lock = %hold.name, %error,
+                        "background release failed; the lock frees itself when its ttl passes"
+                    ),
+                }
+            });
         }
+        Err(_) => tracing::warn!(
+            lock = %hold.name,
+            "lock guard dropped outside a Tokio runtime; the lock frees itself when its ttl passes"
+        ),
     }
 }
 
 /// A held lock. Release it with [`release`](LockGuard::release); a guard that
 /// is dropped without it (early return, `?`, panic, cancelled future)
-/// releases in a background task on the current Tokio runtime.
+/// releases in a background task on the current Tokio runtime. Renewals (for
+/// a lock taken with [`renew`](crate::Lock::renew)) stop before the release
+/// is sent, and never resume.
+///
+/// Dereferences to [`HeldLock`] for the lock's name, token and validity.
 #[must_use = "a lock guard is released as soon as it is dropped"]
 pub struct LockGuard {
-    held: Option<Held>,
+    lock: HeldLock,
+    renewal: Option<Registration>,
+    on_lost: OnLost,
+    /// Until `release` completes, dropping the guard releases the lock.
+    armed: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(held: Held) -> Self {
-        LockGuard { held: Some(held) }
+    pub(crate) fn new(hold: Arc<Hold>, renewal: Option<Registration>, on_lost: OnLost) -> Self {
+        LockGuard {
+            lock: HeldLock { hold },
+            renewal,
+            on_lost,
+            armed: true,
+        }
     }
 
-    fn held(&self) -> &Held {
-        self.held
-            .as_ref()
-            .expect("a LockGuard holds its lock until release or drop")
+    fn hold(&self) -> &Arc<Hold> {
+        &self.lock.hold
     }
 
-    /// The lock's name, as given to [`Lock::new`](crate::Lock::new).
-    pub fn name(&self) -> &str {
-        &self.held().name
+    /// Runs `body` under this lock, without releasing it afterwards.
+    ///
+    /// Inside, [`current()`](crate::current) returns this lock. For a renewed
+    /// lock with [`OnLost::Stop`] (the default), `body` is dropped, unpolled,
+    /// as soon as the lock is lost (a renewal found it gone, or its validity
+    /// ran out without a confirmed renewal) and this returns
+    /// [`LockError::Lost`]. Otherwise `body` runs to its end.
+    pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
+        let stop = self.hold().renewed && self.on_lost == OnLost::Stop;
+        watch(Arc::clone(self.hold()), stop, body)
+            .await
+            .map_err(|cause| LockError::Lost {
+                key: self.hold().name.clone(),
+                cause,
+            })
     }
 
-    /// The Redis key holding the lock, e.g. `lock:{order:42}`.
-    pub fn redis_key(&self) -> &str {
-        &self.held().key
+    /// Waits until the lock is lost (never returns while it is held). For a
+    /// `select!` against other work.
+    pub async fn lost(&self) -> LostCause {
+        match watch(
+            Arc::clone(self.hold()),
+            true,
+            std::future::pending::<std::convert::Infallible>(),
+        )
+        .await
+        {
+            Err(cause) => cause,
+            Ok(never) => match never {},
+        }
     }
 
-    /// This acquisition's random token (the value stored in the key).
-    pub fn token(&self) -> &str {
-        &self.held().token
-    }
-
-    /// The ttl the lock was taken with.
-    pub fn ttl(&self) -> Duration {
-        self.held().ttl
-    }
-
-    /// A lower bound on how long the lock stays valid, from the holder's
-    /// monotonic clock: `ttl` after the acquiring command was sent, minus the
-    /// time since. Zero means the lock may already have expired.
-    pub fn remaining(&self) -> Duration {
-        let held = self.held();
-        held.ttl.saturating_sub(held.acquired_at.elapsed())
-    }
-
-    /// Releases the lock in one round trip.
+    /// Releases the lock in one round trip, after stopping its renewals.
     ///
     /// Returns [`LockError::Lost`] if the key had expired or another holder
     /// had taken it; the other holder's lock is left untouched. If this
@@ -139,32 +143,45 @@ impl LockGuard {
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
     pub async fn release(mut self) -> Result<(), LockError> {
-        let result = self.held().release().await;
+        self.renewal.take();
+        let hold = Arc::clone(self.hold());
+        let result = match hold.reported_loss() {
+            // Redis already said the key is gone or another's: nothing to do.
+            Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
+                key: hold.name.clone(),
+                cause,
+            }),
+            _ => release(&hold).await,
+        };
         // Only now is the guard disarmed: a cancelled release above drops
-        // `self` with the lock still recorded, and Drop releases it.
-        self.held = None;
+        // `self` still armed, and Drop releases in the background.
+        self.armed = false;
         result
+    }
+}
+
+impl Deref for LockGuard {
+    type Target = HeldLock;
+
+    fn deref(&self) -> &HeldLock {
+        &self.lock
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            held.spawn_release();
+        self.renewal.take();
+        if self.armed {
+            spawn_release(Arc::clone(self.hold()));
         }
     }
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.held {
-            Some(held) => f
-                .debug_struct("LockGuard")
-                .field("name", &held.name)
-                .field("token", &held.token)
-                .field("remaining", &self.remaining())
-                .finish(),
-            None => f.write_str("LockGuard(released)"),
-        }
+        f.debug_struct("LockGuard")
+            .field("lock", &self.lock)
+            .field("armed", &self.armed)
+            .finish()
     }
 }

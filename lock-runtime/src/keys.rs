@@ -24,6 +24,15 @@ pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
             name.len()
         )));
     }
+    if name.starts_with('}') {
+        // `lock:{}x}` would carry an empty hash tag: Redis Cluster would then
+        // hash the whole key, and keys derived from the same name could land
+        // in different slots.
+        return Err(LockError::config(format!(
+            "lock key `{name}` starts with `}}`, which would break its Redis Cluster hash tag: \
+             start it with another character"
+        )));
+    }
     Ok(format!("{prefix}{{{name}}}"))
 }
 
@@ -40,5 +49,7 @@ mod tests {
     fn rejects_empty_and_oversized_names() {
         assert!(lock_key("lock:", "").is_err());
         assert!(lock_key("lock:", &"x".repeat(2000)).is_err());
+        assert!(lock_key("lock:", "}x").is_err());
+        assert_eq!(lock_key("lock:", "a}b{c").unwrap(), "lock:{a}b{c}");
     }
 }

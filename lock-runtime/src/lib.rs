@@ -18,11 +18,14 @@
 mod client;
 mod error;
 mod guard;
+mod hold;
 mod keys;
 mod lock;
 mod redact;
+mod renewal;
 mod scripts;
 mod token;
+mod watch;
 
 #[doc(hidden)]
 #[path = "attribute.rs"]
@@ -30,7 +33,9 @@ pub mod __private;
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{LockError, LostCause};
-pub use guard::LockGuard;
+pub use guard::{LockGuard, OnLost};
 pub use keys::MAX_KEY_LEN;
 pub use lock::Lock;
 pub use lock_macros::distributed_lock;
+pub use renewal::RenewalStats;
+pub use watch::{current, HeldLock};

@@ -1,11 +1,13 @@
 //! The lock builder and acquisition: try once, or wait with jittered backoff.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::{global_client, Client};
 use crate::error::LockError;
-use crate::guard::{Held, LockGuard};
+use crate::guard::{spawn_release, LockGuard, OnLost};
+use crate::hold::Hold;
 use crate::keys::lock_key;
 use crate::token::new_token;
 
@@ -33,6 +35,9 @@ pub struct Lock {
     name: String,
     ttl: Duration,
     wait: Option<Duration>,
+    renew: bool,
+    max_hold: Option<Duration>,
+    on_lost: OnLost,
     client: Option<Client>,
 }
 
@@ -55,6 +60,9 @@ impl Lock {
             name: name.into(),
             ttl: Self::DEFAULT_TTL,
             wait: None,
+            renew: false,
+            max_hold: None,
+            on_lost: OnLost::Stop,
             client: None,
         }
     }
@@ -72,6 +80,31 @@ impl Lock {
     /// at once with [`LockError::Busy`].
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
+        self
+    }
+
+    /// Keeps the lock for as long as it is held, however long that is: the
+    /// client's renewal driver extends its expiry every `ttl / 3` with a
+    /// script that touches only this acquisition's token. The holder keeps a
+    /// local validity deadline; with [`OnLost::Stop`] (the default), a body
+    /// run under the lock is dropped as soon as the lock is lost.
+    pub fn renew(mut self) -> Self {
+        self.renew = true;
+        self
+    }
+
+    /// With [`renew`](Lock::renew): stop renewing this long after the lock
+    /// was acquired. The lock then expires within one ttl and the holder is
+    /// told ([`LostCause::MaxHold`](crate::LostCause::MaxHold)).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// With [`renew`](Lock::renew): what happens to a body running under the
+    /// lock when the lock is lost (default [`OnLost::Stop`]).
+    pub fn on_lost(mut self, on_lost: OnLost) -> Self {
+        self.on_lost = on_lost;
         self
     }
 
@@ -108,16 +141,20 @@ impl Lock {
         }
     }
 
-    /// Runs `body` while holding the lock, then releases it.
+    /// Runs `body` while holding the lock, then releases it: what
+    /// `#[distributed_lock]` does.
     ///
-    /// Fails without running `body` when the lock cannot be taken. If `body`
-    /// panics or the returned future is dropped, the lock is released in the
-    /// background. If the release finds the lock already lost (the body ran
-    /// past the ttl), the body's output is still returned, since its work is
+    /// Fails without running `body` when the lock cannot be taken. Inside
+    /// `body`, [`current()`](crate::current) returns the lock. A renewed lock
+    /// that is lost stops `body` (see [`LockGuard::run`]) and this returns
+    /// [`LockError::Lost`]. If `body` panics or the returned future is
+    /// dropped, the lock is released in the background. If the release after
+    /// a finished body finds the lock already lost (a body that outlived an
+    /// unrenewed ttl), the body's output is still returned, since its work is
     /// done, and the loss is logged at error level.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let guard = self.acquire().await?;
-        let output = body.await;
+        let output = guard.run(body).await?;
         if let Err(error) = guard.release().await {
             tracing::error!(lock = %self.name, %error, "critical section finished, but its release failed");
         }
@@ -132,6 +169,13 @@ impl Lock {
                 self.name, self.ttl
             )));
         }
+        if !self.renew && (self.max_hold.is_some() || self.on_lost != OnLost::Stop) {
+            return Err(LockError::config(format!(
+                "lock `{}` sets max_hold or on_lost without renew; they only apply to renewed \
+                 locks: add `.renew()`",
+                self.name
+            )));
+        }
         let client = match &self.client {
             Some(client) => client.clone(),
             None => global_client()?,
@@ -142,14 +186,21 @@ impl Lock {
 
     fn guard(&self, client: Client, key: String, token: String, sent_at: Instant) -> LockGuard {
         tracing::debug!(lock = %self.name, "acquired");
-        LockGuard::new(Held {
+        let renewer = client.renewer();
+        let hold = Hold::new(
             client,
-            name: self.name.clone(),
+            self.name.clone(),
             key,
             token,
-            ttl: self.ttl,
-            acquired_at: sent_at,
-        })
+            self.ttl,
+            self.renew,
+            sent_at,
+        );
+        let renewal = self.renew.then(|| {
+            let renew_until = self.max_hold.map(|max_hold| sent_at + max_hold);
+            renewer.register(Arc::clone(&hold), renew_until)
+        });
+        LockGuard::new(hold, renewal, self.on_lost)
     }
 
     async fn acquire_waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
@@ -192,6 +243,15 @@ impl Lock {
         ttl_ms: u64,
         with_pttl: bool,
     ) -> Result<Attempt, LockError> {
+        // Until an answer comes, the SET may have taken the lock: if this
+        // attempt fails or is cancelled, remove a lock we might hold without
+        // knowing it.
+        let mut uncertain = Uncertain {
+            client,
+            key,
+            token,
+            resolved: false,
+        };
         let mut connection = client.connection();
         let mut set = redis::cmd("SET");
         set.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
@@ -219,12 +279,40 @@ impl Lock {
                 })
                 .await
         };
-        if result.is_err() {
-            // The SET may have reached Redis even though no answer came back:
-            // remove a lock we might hold without knowing it.
-            Held::spawn_cleanup(client.clone(), key.to_owned(), token.to_owned());
+        if result.is_ok() {
+            uncertain.resolved = true;
         }
         result
+    }
+}
+
+/// Cleans up after an acquire attempt whose outcome is unknown.
+struct Uncertain<'a> {
+    client: &'a Client,
+    key: &'a str,
+    token: &'a str,
+    resolved: bool,
+}
+
+impl Drop for Uncertain<'_> {
+    fn drop(&mut self) {
+        if !self.resolved {
+            let (client, key, token) = (
+                self.client.clone(),
+                self.key.to_owned(),
+                self.token.to_owned(),
+            );
+            let name = key.clone();
+            spawn_release(Hold::new(
+                client,
+                name,
+                key,
+                token,
+                Duration::ZERO,
+                false,
+                Instant::now(),
+            ));
+        }
     }
 }
 

@@ -1,0 +1,348 @@
+//! The renewal driver: one per client (so one per process with the global
+//! client), not one task per lock.
+//!
+//! Every renewed lock is due for renewal a third of its ttl after its last
+//! confirmed acquire or renewal was sent. The driver sleeps until the first
+//! due time, then takes every lock due within the next few milliseconds and
+//! renews them together: one pipelined round trip carrying one script call
+//! per 100 locks. Each round trip has its own deadline. A lock whose renewal
+//! fails is retried shortly after, for as long as its validity lasts; a lock
+//! whose key is gone or held by another is marked lost at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use tokio::sync::Notify;
+
+use crate::error::LostCause;
+use crate::hold::{drift_margin, Hold};
+use crate::scripts::{RENEW, RENEW_SOURCE};
+
+/// Locks due within this window of the first due one are renewed with it.
+const COALESCE: Duration = Duration::from_millis(10);
+/// Locks per script call (the script call blocks Redis while it runs).
+const LOCKS_PER_CALL: usize = 100;
+
+/// How often a lock is renewed: a third of its ttl.
+fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(1))
+}
+
+/// How soon a failed renewal is tried again.
+fn retry_delay(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
+}
+
+/// Counters of one client's renewal driver, since the client was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenewalStats {
+    /// Locks being renewed right now.
+    pub active: usize,
+    /// Renewals sent (one per lock per renewal).
+    pub renewals_sent: u64,
+    /// Round trips to Redis made by the driver (each carries many renewals).
+    pub round_trips: u64,
+    /// Round trips that failed or timed out (their locks were retried).
+    pub failed_round_trips: u64,
+    /// Renewals confirmed only after the lock's local validity had run out.
+    pub late_renewals: u64,
+    /// Locks the driver found lost (key gone or taken over).
+    pub lost: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    renewals_sent: AtomicU64,
+    round_trips: AtomicU64,
+    failed_round_trips: AtomicU64,
+    late_renewals: AtomicU64,
+    lost: AtomicU64,
+}
+
+struct Entry {
+    hold: Arc<Hold>,
+    renew_until: Option<Instant>,
+    /// When the next renewal is due; `None` while one is in flight.
+    due: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    due: BTreeSet<(Instant, u64)>,
+    entries: HashMap<u64, Entry>,
+}
+
+impl Registry {
+    fn schedule(&mut self, id: u64, at: Instant) {
+        if let Some(entry) = self.entries.get_mut(&id) {
+            if let Some(previous) = entry.due.replace(at) {
+                self.due.remove(&(previous, id));
+            }
+            self.due.insert((at, id));
+        }
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(entry) = self.entries.remove(&id) {
+            if let Some(due) = entry.due {
+                self.due.remove(&(due, id));
+            }
+        }
+    }
+}
+
+pub(crate) struct Renewer {
+    connection: ConnectionManager,
+    call_deadline: Duration,
+    registry: Mutex<Registry>,
+    wake: Notify,
+    started: AtomicBool,
+    counters: Counters,
+}
+
+/// A lock's place in the driver. Dropping it stops the lock's renewals; a
+/// renewal already on the wire can only extend a key that still holds this
+/// lock's token.
+pub(crate) struct Registration {
+    renewer: Arc<Renewer>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.renewer.registry().remove(self.id);
+    }
+}
+
+impl Renewer {
+    pub(crate) fn new(connection: ConnectionManager, call_deadline: Duration) -> Arc<Renewer> {
+        Arc::new(Renewer {
+            connection,
+            call_deadline,
+            registry: Mutex::new(Registry::default()),
+            wake: Notify::new(),
+            started: AtomicBool::new(false),
+            counters: Counters::default(),
+        })
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts renewing `hold` until the registration is dropped or, with
+    /// `max_hold`, until `renew_until`.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        hold: Arc<Hold>,
+        renew_until: Option<Instant>,
+    ) -> Registration {
+        let due = hold.acquired_at + renew_interval(hold.ttl);
+        let id = {
+            let mut registry = self.registry();
+            let id = registry.next_id;
+            registry.next_id += 1;
+            registry.entries.insert(
+                id,
+                Entry {
+                    hold,
+                    renew_until,
+                    due: None,
+                },
+            );
+            registry.schedule(id, due);
+            id
+        };
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        self.wake.notify_one();
+        Registration {
+            renewer: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// Wakes the driver, e.g. so it can exit once its client is gone.
+    pub(crate) fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn stats(&self) -> RenewalStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        RenewalStats {
+            active: self.registry().entries.len(),
+            renewals_sent: load(&self.counters.renewals_sent),
+            round_trips: load(&self.counters.round_trips),
+            failed_round_trips: load(&self.counters.failed_round_trips),
+            late_renewals: load(&self.counters.late_renewals),
+            lost: load(&self.counters.lost),
+        }
+    }
+
+    async fn drive(self: Arc<Self>) {
+        loop {
+            let (batch, next_due) = self.take_due(Instant::now());
+            if !batch.is_empty() {
+                tokio::spawn(Arc::clone(&self).renew(batch));
+                continue;
+            }
+            match next_due {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                        _ = self.wake.notified() => {}
+                    }
+                }
+                // Nothing to renew and nobody left who could register.
+                None if Arc::strong_count(&self) == 1 => return,
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// Takes every lock due by `now + COALESCE`; returns them and the next
+    /// due time after them.
+    fn take_due(&self, now: Instant) -> (Vec<(u64, Arc<Hold>)>, Option<Instant>) {
+        let mut registry = self.registry();
+        let mut batch = Vec::new();
+        while let Some(&(at, id)) = registry.due.first() {
+            if at > now + COALESCE {
+                break;
+            }
+            registry.due.pop_first();
+            let Some(entry) = registry.entries.get_mut(&id) else {
+                continue;
+            };
+            entry.due = None;
+            if entry.renew_until.is_some_and(|until| now >= until) {
+                // max_hold: stop renewing; the ttl runs out and the holder
+                // is told by its own deadline.
+                entry.hold.mark_max_hold_reached();
+                registry.remove(id);
+                continue;
+            }
+            if entry.hold.lost_cause(now).is_some() {
+                registry.remove(id);
+                continue;
+            }
+            batch.push((id, Arc::clone(&entry.hold)));
+        }
+        (batch, registry.due.first().map(|&(at, _)| at))
+    }
+
+    async fn renew(self: Arc<Self>, batch: Vec<(u64, Arc<Hold>)>) {
+        let sent_at = Instant::now();
+        let outcome = self.send(&batch).await;
+        let now = Instant::now();
+        let mut registry = self.registry();
+        match outcome {
+            Ok(codes) => {
+                for ((id, hold), code) in batch.iter().zip(codes) {
+                    if !registry.entries.contains_key(id) {
+                        continue; // released meanwhile: its result means nothing
+                    }
+                    match code {
+                        1 => {
+                            if now > hold.valid_until() {
+                                self.counters.late_renewals.fetch_add(1, Ordering::Relaxed);
+                            }
+                            hold.extend(sent_at);
+                            registry.schedule(*id, sent_at + renew_interval(hold.ttl));
+                        }
+                        lost => {
+                            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                            registry.remove(*id);
+                            hold.mark_lost(if lost == 0 {
+                                LostCause::Expired
+                            } else {
+                                LostCause::TakenOver
+                            });
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                self.counters
+                    .failed_round_trips
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying while the locks are valid");
+                for (id, hold) in &batch {
+                    if !registry.entries.contains_key(id) {
+                        continue;
+                    }
+                    let retry_at = now + retry_delay(hold.ttl);
+                    if retry_at + drift_margin(hold.ttl) < hold.valid_until() {
+                        registry.schedule(*id, retry_at);
+                    } else {
+                        // No time left for another try: the holder's own
+                        // deadline reports the loss.
+                        registry.remove(*id);
+                    }
+                }
+            }
+        }
+        drop(registry);
+        self.wake.notify_one();
+    }
+
+    /// One round trip: a pipeline of script calls, each renewing up to
+    /// `LOCKS_PER_CALL` locks. Returns one code a lock: 1 renewed, 0 key gone,
+    /// -1 held by another.
+    async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<i64>> {
+        let mut pipe = redis::pipe();
+        for chunk in batch.chunks(LOCKS_PER_CALL) {
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(RENEW.get_hash()).arg(chunk.len());
+            for (_, hold) in chunk {
+                call.arg(&hold.key);
+            }
+            for (_, hold) in chunk {
+                call.arg(hold.ttl.as_millis() as u64).arg(&hold.token);
+            }
+            pipe.add_command(call);
+        }
+        self.counters
+            .renewals_sent
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let mut result = self.round_trip(&pipe).await;
+        if matches!(&result, Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        {
+            // Redis restarted or its script cache was flushed: load, retry.
+            let mut connection = self.connection.clone();
+            let load = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RENEW_SOURCE)
+                .to_owned();
+            let loaded = tokio::time::timeout(
+                self.call_deadline,
+                load.query_async::<String>(&mut connection),
+            )
+            .await;
+            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            if matches!(loaded, Ok(Ok(_))) {
+                result = self.round_trip(&pipe).await;
+            }
+        }
+        result.map(|calls: Vec<Vec<i64>>| calls.into_iter().flatten().collect())
+    }
+
+    async fn round_trip(&self, pipe: &redis::Pipeline) -> redis::RedisResult<Vec<Vec<i64>>> {
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let mut connection = self.connection.clone();
+        match tokio::time::timeout(self.call_deadline, pipe.query_async(&mut connection)).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer to lock renewals within {:?}", self.call_deadline),
+            )
+            .into()),
+        }
+    }
+}

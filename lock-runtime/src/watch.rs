@@ -1,0 +1,157 @@
+//! Running a body under a held lock: `current()` inside it, and, for a
+//! renewed lock, stopping it the moment the lock's validity is gone.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+
+use crate::error::LostCause;
+use crate::hold::Hold;
+
+tokio::task_local! {
+    static CURRENT: Arc<Hold>;
+}
+
+/// The lock held by the body that is running now, if any.
+///
+/// Inside an annotated function's body (or a body run by
+/// [`Lock::run`](crate::Lock::run) or [`LockGuard::run`](crate::LockGuard::run))
+/// this returns the held lock; elsewhere `None`. It is task-local: a task the
+/// body spawns does not see it.
+///
+/// ```no_run
+/// # async fn charge() {}
+/// #[lock_runtime::distributed_lock(key = "payout", ttl = "10s", renew)]
+/// async fn payout() {
+///     let lock = lock_runtime::current().expect("inside the body");
+///     if lock.is_held() && lock.remaining() > std::time::Duration::from_secs(1) {
+///         charge().await;
+///     }
+/// }
+/// ```
+pub fn current() -> Option<HeldLock> {
+    CURRENT
+        .try_with(|hold| HeldLock {
+            hold: Arc::clone(hold),
+        })
+        .ok()
+}
+
+/// A held lock as its holder sees it: identity and local validity.
+#[derive(Clone)]
+pub struct HeldLock {
+    pub(crate) hold: Arc<Hold>,
+}
+
+impl HeldLock {
+    /// The lock's name, as given (the rendered key of the attribute).
+    pub fn name(&self) -> &str {
+        &self.hold.name
+    }
+
+    /// The Redis key holding the lock, e.g. `lock:{order:42}`.
+    pub fn redis_key(&self) -> &str {
+        &self.hold.key
+    }
+
+    /// This acquisition's random token (the value stored in the key).
+    pub fn token(&self) -> &str {
+        &self.hold.token
+    }
+
+    /// The ttl the lock was taken with.
+    pub fn ttl(&self) -> Duration {
+        self.hold.ttl
+    }
+
+    /// Whether the lock is renewed by the watchdog.
+    pub fn is_renewed(&self) -> bool {
+        self.hold.renewed
+    }
+
+    /// A lower bound on how long the lock stays valid, from the holder's
+    /// monotonic clock: from the send time of the last confirmed acquire or
+    /// renewal, plus ttl, minus a drift margin (1 % + 2 ms). Zero once lost.
+    pub fn remaining(&self) -> Duration {
+        self.hold.remaining()
+    }
+
+    /// Whether the lock is still held: not found lost by a renewal, and its
+    /// validity not run out.
+    pub fn is_held(&self) -> bool {
+        self.hold.is_held()
+    }
+
+    /// Why the lock was lost, once it is.
+    pub fn lost_cause(&self) -> Option<LostCause> {
+        self.hold.lost_cause(Instant::now())
+    }
+}
+
+impl std::fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("name", &self.name())
+            .field("token", &self.token())
+            .field("remaining", &self.remaining())
+            .field("renewed", &self.is_renewed())
+            .finish()
+    }
+}
+
+pin_project! {
+    /// A body that is dropped unpolled once its lock is lost (when
+    /// `stop_on_loss`), and sees the lock through `current()`.
+    pub(crate) struct Watched<F: Future> {
+        #[pin]
+        body: TaskLocalFuture<Arc<Hold>, F>,
+        #[pin]
+        deadline: tokio::time::Sleep,
+        hold: Arc<Hold>,
+        stop_on_loss: bool,
+    }
+}
+
+pub(crate) fn watch<F: Future>(hold: Arc<Hold>, stop_on_loss: bool, body: F) -> Watched<F> {
+    Watched {
+        body: CURRENT.scope(Arc::clone(&hold), body),
+        deadline: tokio::time::sleep_until(hold.valid_until().into()),
+        hold,
+        stop_on_loss,
+    }
+}
+
+impl<F: Future> Future for Watched<F> {
+    type Output = Result<F::Output, LostCause>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if *this.stop_on_loss {
+            // Checked before every poll of the body, against the clock and
+            // not only on a message from Redis: a process resumed after a
+            // pause past the deadline takes no further step in the body.
+            if let Some(cause) = this.hold.lost_cause(Instant::now()) {
+                return Poll::Ready(Err(cause));
+            }
+        }
+        if let Poll::Ready(output) = this.body.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        if *this.stop_on_loss {
+            this.hold.register_waker(cx.waker());
+            let until = tokio::time::Instant::from_std(this.hold.valid_until());
+            if this.deadline.deadline() != until {
+                this.deadline.as_mut().reset(until);
+            }
+            if this.deadline.as_mut().poll(cx).is_ready() || !this.hold.is_held() {
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    }
+}
