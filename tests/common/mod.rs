@@ -40,3 +40,13 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// [`wait_until`] for async tests: yields to the runtime between checks, so
+/// background tasks on a current-thread runtime make progress.
+pub async fn wait_until_async(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
