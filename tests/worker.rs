@@ -14,6 +14,12 @@
 //! - `slow-holder KEY`: an attributed fn with ttl 300ms whose body prints
 //!   `in-body` and waits for `finish` on stdin; prints `returned` after.
 //! - `try KEY`: one try; prints `acquired`, `busy` or `error: MESSAGE`.
+//! - `renewed KEY COUNTER`: a body under `#[distributed_lock(ttl = "500ms",
+//!   renew)]` that INCRs COUNTER every 10 ms until `finish` arrives on stdin;
+//!   prints `in-body` once it has started, then `returned` or
+//!   `lost CAUSE` when the call returns.
+//! - `contend KEY MILLIS`: tries the lock again and again for MILLIS ms;
+//!   prints `tries=N acquired=M`.
 
 use std::time::Duration;
 
@@ -42,6 +48,8 @@ async fn main() {
         ["hold", key, ttl_ms] => hold(key, parse(ttl_ms)).await,
         ["slow-holder", key] => slow_holder(key).await,
         ["try", key] => try_once(key).await,
+        ["renewed", key, counter] => renewed(key, counter).await,
+        ["contend", key, millis] => contend(key, parse(millis)).await,
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }
@@ -186,4 +194,59 @@ async fn try_once(key: &str) {
         Err(LockError::Busy { .. }) => say("busy"),
         Err(error) => say(&format!("error: {error}")),
     }
+}
+
+static FINISH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The side effects go through a reconnecting connection and their errors
+/// are ignored: the tests cut and restart Redis under this body.
+#[distributed_lock(key = "<key>", ttl = "500ms", renew)]
+async fn renewed_body(key: &str, counter: &str) -> Result<(), LockError> {
+    let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
+    let client = redis::Client::open(url).unwrap();
+    let mut redis = redis::aio::ConnectionManager::new_lazy_with_config(
+        client,
+        redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_millis(200)))
+            .set_number_of_retries(0),
+    )
+    .unwrap();
+    say("in-body");
+    while !FINISH.load(std::sync::atomic::Ordering::SeqCst) {
+        let _: Result<i64, _> = redis.incr(counter, 1).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+async fn renewed(key: &str, counter: &str) {
+    tokio::spawn(async {
+        if next_line().await == "finish" {
+            FINISH.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    match renewed_body(key, counter).await {
+        Ok(()) => say("returned"),
+        Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+async fn contend(key: &str, millis: u64) {
+    let lock = Lock::new(key).ttl(Duration::from_secs(10));
+    let until = std::time::Instant::now() + Duration::from_millis(millis);
+    let (mut tries, mut acquired) = (0, 0);
+    while std::time::Instant::now() < until {
+        tries += 1;
+        match lock.try_acquire().await {
+            Ok(guard) => {
+                acquired += 1;
+                guard.release().await.expect("release");
+            }
+            Err(LockError::Busy { .. }) => {}
+            Err(error) => panic!("contend: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    say(&format!("tries={tries} acquired={acquired}"));
 }

@@ -21,8 +21,15 @@ use crate::error::LostCause;
 use crate::hold::{drift_margin, Hold};
 use crate::scripts::{RENEW, RENEW_SOURCE};
 
-/// Locks due within this window of the first due one are renewed with it.
+/// A lock is renewed with the others of a tick when it is due within this
+/// long, or within a third of its renewal interval if that is longer.
+/// Renewing a little early costs nothing, and lets locks acquired at
+/// different times converge into the same round trips.
 const COALESCE: Duration = Duration::from_millis(10);
+
+fn coalesce_window(interval: Duration) -> Duration {
+    (interval / 3).max(COALESCE)
+}
 /// Locks per script call (the script call blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;
 
@@ -207,19 +214,21 @@ impl Renewer {
         }
     }
 
-    /// Takes every lock due by `now + COALESCE`; returns them and the next
-    /// due time after them.
+    /// Takes every lock due by now or within its coalescing window; returns
+    /// them and the next due time after them.
     fn take_due(&self, now: Instant) -> (Vec<(u64, Arc<Hold>)>, Option<Instant>) {
-        let mut registry = self.registry();
+        let mut guard = self.registry();
+        let registry = &mut *guard;
         let mut batch = Vec::new();
         while let Some(&(at, id)) = registry.due.first() {
-            if at > now + COALESCE {
+            let Some(entry) = registry.entries.get_mut(&id) else {
+                registry.due.pop_first();
+                continue;
+            };
+            if at > now + coalesce_window(renew_interval(entry.hold.ttl)) {
                 break;
             }
             registry.due.pop_first();
-            let Some(entry) = registry.entries.get_mut(&id) else {
-                continue;
-            };
             entry.due = None;
             if entry.renew_until.is_some_and(|until| now >= until) {
                 // max_hold: stop renewing; the ttl runs out and the holder

@@ -78,6 +78,31 @@ impl Process {
         self.child.id()
     }
 
+    /// Freezes the process (SIGSTOP), as a long GC pause or an overloaded
+    /// host would.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a paused process go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Kills the process without letting it run any code (SIGKILL), as a
+    /// crash would, and reaps it.
+    pub fn kill_hard(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        let result = unsafe { libc::kill(pid, signal) };
+        assert_eq!(result, 0, "kill({pid}, {signal}) failed");
+    }
+
     /// Waits for the process to exit (at most `timeout`) and panics unless it
     /// exited with status 0.
     pub fn wait_success(&mut self, timeout: Duration) {
