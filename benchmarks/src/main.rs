@@ -1,0 +1,31 @@
+//! `lock-bench`: benchmarks that start their own redis-server on loopback
+//! and print figures. Not part of the test run (CI only builds it).
+//!
+//! ```text
+//! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
+//! ```
+
+mod process_usage;
+mod renewal;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("renewal") => renewal::main(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]"
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The value after `--name`, if given.
+pub(crate) fn option(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|arg| arg == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}

@@ -1,0 +1,105 @@
+//! W4: many renewed locks held in one process.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock, LockGuard};
+use test_support::RedisServer;
+
+use crate::option;
+use crate::process_usage::{cpu_time, redis_cpu, resident_bytes};
+
+pub(crate) fn main(args: &[String]) -> ExitCode {
+    let counts: Vec<usize> = option(args, "--locks")
+        .unwrap_or_else(|| "1000,10000".into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("--locks takes numbers"))
+        .collect();
+    let seconds: u64 = option(args, "--seconds").map_or(60, |s| s.parse().expect("--seconds"));
+    let ttl = Duration::from_millis(
+        option(args, "--ttl-ms").map_or(1000, |s| s.parse().expect("--ttl-ms")),
+    );
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    println!("renewal benchmark: ttl {ttl:?} (renewed every ttl/3), held {seconds} s per run");
+    println!();
+    println!("| locks | renewals/s | round trips/s | renewals per round trip | missed renewals | lost | failed round trips | RSS per lock | client CPU | Redis CPU |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut all_kept = true;
+    for count in counts {
+        let server = RedisServer::start();
+        all_kept &= runtime.block_on(run(&server, count, ttl, Duration::from_secs(seconds)));
+    }
+    if all_kept {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) -> bool {
+    let client = Client::new(Config::new(server.url())).expect("client");
+    // Warm the connection so its buffers are not counted per lock.
+    Lock::new("warm-up")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let resident_before = resident_bytes();
+    let mut guards: Vec<LockGuard> = Vec::with_capacity(count);
+    let mut pending = tokio::task::JoinSet::new();
+    for n in 0..count {
+        let lock = Lock::new(format!("bench:renewal:{n}"))
+            .ttl(ttl)
+            .renew()
+            .client(client.clone());
+        pending.spawn(async move { lock.acquire().await });
+        if pending.len() >= 64 {
+            guards.push(
+                pending
+                    .join_next()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .expect("acquire"),
+            );
+        }
+    }
+    while let Some(guard) = pending.join_next().await {
+        guards.push(guard.unwrap().expect("acquire"));
+    }
+    let resident_held = resident_bytes();
+
+    let stats_before = client.renewal_stats();
+    let cpu_before = cpu_time();
+    let redis_before = redis_cpu(server);
+    let started = Instant::now();
+    tokio::time::sleep(hold).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats = client.renewal_stats();
+    let cpu = (cpu_time() - cpu_before).as_secs_f64();
+    let redis = (redis_cpu(server) - redis_before).as_secs_f64();
+    let held = guards.iter().filter(|guard| guard.is_held()).count();
+
+    let renewals = (stats.renewals_sent - stats_before.renewals_sent) as f64;
+    let round_trips = (stats.round_trips - stats_before.round_trips) as f64;
+    let missed = stats.late_renewals;
+    println!(
+        "| {count} | {:.0} | {:.1} | {:.0} | {missed} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core |",
+        renewals / elapsed,
+        round_trips / elapsed,
+        renewals / round_trips.max(1.0),
+        stats.lost + (count - held) as u64,
+        stats.failed_round_trips,
+        (resident_held.saturating_sub(resident_before)) as f64 / count as f64,
+        100.0 * cpu / elapsed,
+        1e6 * cpu / renewals.max(1.0),
+        100.0 * redis / elapsed,
+    );
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+    missed == 0 && held == count
+}
