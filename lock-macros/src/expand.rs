@@ -84,15 +84,24 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         lock = quote!(#lock.on_lost(::lock_runtime::OnLost::Continue));
     }
     let name = sig.ident.to_string();
-    // A return type the runtime cannot use is reported at the return type.
-    let output_span = match &sig.output {
-        syn::ReturnType::Type(_, ty) => ty.span(),
-        syn::ReturnType::Default => sig.ident.span(),
+    // Naming the return type makes a return type the runtime cannot use an
+    // error at the return type, naming it as written.
+    let run = match &sig.output {
+        syn::ReturnType::Type(_, ty) if !mentions_impl_trait(ty) => {
+            quote_spanned!(ty.span()=> ::lock_runtime::__private::run::<#ty>)
+        }
+        syn::ReturnType::Type(_, ty) => quote_spanned!(ty.span()=> ::lock_runtime::__private::run),
+        syn::ReturnType::Default => quote!(::lock_runtime::__private::run::<()>),
     };
-    let run = quote_spanned!(output_span=> ::lock_runtime::__private::run);
+    // syn puts the body's inner attributes (`#![allow(..)]`) with the outer
+    // ones; they go back inside the body.
+    let (inner, outer): (Vec<_>, Vec<_>) = attrs
+        .iter()
+        .partition(|attr| matches!(attr.style, syn::AttrStyle::Inner(_)));
     Ok(quote! {
-        #(#attrs)*
+        #(#outer)*
         #vis #sig {
+            #(#inner)*
             #run(
                 #lock,
                 ::core::concat!(::core::module_path!(), "::", #name),
@@ -101,6 +110,18 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
             .await
         }
     })
+}
+
+/// `impl Trait` cannot be named in a turbofish.
+fn mentions_impl_trait(ty: &syn::Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|token| match token {
+            proc_macro2::TokenTree::Ident(ident) => ident == "impl",
+            proc_macro2::TokenTree::Group(group) => walk(group.stream()),
+            _ => false,
+        })
+    }
+    walk(quote!(#ty))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! `<self.shard>`), rendered with `Display`.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote_spanned};
+use quote::quote_spanned;
 use syn::{FnArg, LitStr, Pat, Signature};
 
 /// A key template turned into `format!` arguments.
@@ -63,7 +63,7 @@ pub(crate) fn parse_key(literal: &LitStr, signature: &Signature) -> syn::Result<
         let path = after[..close].trim();
         if path.is_empty() {
             return Err(error(format!(
-                "empty placeholder `<>` in key \"{text}\": write a parameter name inside, {}",
+                "empty placeholder `<>` in key \"{text}\": write a parameter name inside; {}",
                 listing(&parameters)
             )));
         }
@@ -81,12 +81,15 @@ fn push_literal(format: &mut String, text: &str) {
     format.push_str(&text.replace('{', "{{").replace('}', "}}"));
 }
 
+/// The end of an error message: what the placeholder may name.
 fn listing(parameters: &[String]) -> String {
     if parameters.is_empty() {
-        "but this function has no parameters to use".to_owned()
+        "this function has no parameter a key can use (destructured parameters cannot be \
+         used: bind the parameter to a name)"
+            .to_owned()
     } else {
         let names: Vec<String> = parameters.iter().map(|name| format!("`{name}`")).collect();
-        format!("one of: {}", names.join(", "))
+        format!("use one of: {}", names.join(", "))
     }
 }
 
@@ -103,7 +106,7 @@ fn placeholder_expr(
     let root = segments.next().unwrap_or_default().trim();
     if !parameters.iter().any(|name| name == root) {
         return Err(error(format!(
-            "unknown placeholder `<{path}>` in key \"{text}\": `{root}` is not a parameter; use {}",
+            "unknown placeholder `<{path}>` in key \"{text}\": `{root}` is not a parameter; {}",
             listing(parameters)
         )));
     }
@@ -111,30 +114,32 @@ fn placeholder_expr(
     let mut expr = if root == "self" {
         quote_spanned!(span=> self)
     } else {
-        let ident = format_ident!("{}", root, span = span);
+        let mut ident: syn::Ident = syn::parse_str(root)
+            .map_err(|_| error(format!("invalid placeholder `<{path}>` in key \"{text}\"")))?;
+        ident.set_span(span);
         quote_spanned!(span=> #ident)
     };
     for segment in segments {
         let segment = segment.trim();
-        if let Ok(index) = segment.parse::<u32>() {
-            let index = syn::Index { index, span };
-            expr = quote_spanned!(span=> #expr.#index);
-        } else if is_identifier(segment) {
-            let field = format_ident!("{}", segment, span = span);
-            expr = quote_spanned!(span=> #expr.#field);
-        } else {
-            return Err(error(format!(
-                "invalid placeholder `<{path}>` in key \"{text}\": `{segment}` is not a field name; \
-                 write a parameter followed by fields, e.g. `<order.id>`"
-            )));
+        match syn::parse_str::<syn::Member>(segment) {
+            Ok(syn::Member::Named(mut field)) => {
+                field.set_span(span);
+                expr = quote_spanned!(span=> #expr.#field);
+            }
+            Ok(syn::Member::Unnamed(index)) => {
+                let index = syn::Index {
+                    index: index.index,
+                    span,
+                };
+                expr = quote_spanned!(span=> #expr.#index);
+            }
+            Err(_) => {
+                return Err(error(format!(
+                    "invalid placeholder `<{path}>` in key \"{text}\": `{segment}` is not a field \
+                     name or tuple index; write a parameter followed by fields, e.g. `<order.id>`"
+                )))
+            }
         }
     }
     Ok(expr)
-}
-
-fn is_identifier(segment: &str) -> bool {
-    let mut chars = segment.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_alphabetic())
-        && chars.all(|c| c == '_' || c.is_alphanumeric())
-        && segment != "_"
 }

@@ -7,7 +7,8 @@ use std::future::Future;
 use crate::error::LockError;
 use crate::lock::Lock;
 
-/// How a return type says "the lock was not acquired, the body did not run".
+/// How a return type says "the lock was not acquired, the body did not run"
+/// (or, for a renewed lock, "the lock was lost, the body was stopped").
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` cannot report a lock that was not acquired through `{Self}`",
     label = "this return type has no way to say the body did not run",
@@ -39,11 +40,13 @@ impl NotAcquired for () {
 }
 
 /// `()` and `Option` cannot carry the error, so it is recorded: a busy lock at
-/// info level (another instance is doing the work: normal), anything else at
-/// error level.
+/// info level (another instance is doing the work: normal), anything else
+/// (a renewed lock lost mid-body included) at error level.
 fn log_skip(error: &LockError, function: &'static str) {
     if error.is_busy() {
         tracing::info!(function, %error, "lock busy; body skipped");
+    } else if error.is_lost() {
+        tracing::error!(function, %error, "lock lost; body stopped");
     } else {
         tracing::error!(function, %error, "lock not acquired; body skipped");
     }

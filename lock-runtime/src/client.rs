@@ -3,10 +3,10 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use once_cell::sync::OnceCell;
+use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::LockError;
@@ -132,13 +132,7 @@ impl Client {
     /// Builds a client. The connection is opened on first use, so this only
     /// fails on a malformed URL. Must be called inside a Tokio runtime.
     pub fn new(config: Config) -> Result<Self, LockError> {
-        let redis_client = redis::Client::open(config.url.as_str()).map_err(|error| {
-            LockError::config(format!(
-                "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
-                config.redacted_url(),
-                error.kind_description()
-            ))
-        })?;
+        let redis_client = parse_url(&config)?;
         if config.key_prefix.contains(['{', '}']) {
             return Err(LockError::config(format!(
                 "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
@@ -230,7 +224,12 @@ impl Client {
 }
 
 static GLOBAL_CONFIG: OnceCell<Config> = OnceCell::new();
-static GLOBAL_CLIENT: OnceCell<Client> = OnceCell::new();
+/// The process-wide clients, one per Tokio runtime that used them: a
+/// connection's I/O task lives on the runtime that opened it and dies with
+/// it, so a program with several runtimes (or a test suite where each
+/// `#[tokio::test]` has its own) gets a working connection on each.
+static GLOBAL_CLIENTS: Lazy<Mutex<Vec<(tokio::runtime::Id, Client)>>> =
+    Lazy::new(|| Mutex::new(Vec::new()));
 
 /// Configures the process-wide client with the Redis at `url`.
 ///
@@ -243,40 +242,55 @@ pub fn init(url: impl Into<String>) -> Result<(), LockError> {
 
 /// Configures the process-wide client with a full [`Config`].
 pub fn init_with(config: Config) -> Result<(), LockError> {
+    parse_url(&config)?;
+    let redacted = config.redacted_url();
+    if !global_clients().is_empty() {
+        return Err(LockError::config(
+            "lock_runtime::init was called after the first lock was taken; call it at start-up",
+        ));
+    }
+    GLOBAL_CONFIG.set(config).map_err(|_| {
+        LockError::config(format!(
+            "lock_runtime::init was called twice (second URL `{redacted}`); call it once at \
+             start-up"
+        ))
+    })
+}
+
+fn global_clients() -> MutexGuard<'static, Vec<(tokio::runtime::Id, Client)>> {
+    GLOBAL_CLIENTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The process-wide client for the current Tokio runtime, built on first use
+/// from [`init`]'s configuration or from `REDIS_URL`. One connection (and one
+/// renewal driver) per runtime; most programs have exactly one runtime.
+pub fn global_client() -> Result<Client, LockError> {
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|_| LockError::config("locks must be taken inside a Tokio runtime"))?
+        .id();
+    let mut clients = global_clients();
+    if let Some((_, client)) = clients.iter().find(|(id, _)| *id == runtime) {
+        return Ok(client.clone());
+    }
+    let config = match GLOBAL_CONFIG.get() {
+        Some(config) => config.clone(),
+        None => Config::from_env()?,
+    };
+    let client = Client::new(config)?;
+    clients.push((runtime, client.clone()));
+    Ok(client)
+}
+
+fn parse_url(config: &Config) -> Result<redis::Client, LockError> {
     redis::Client::open(config.url.as_str()).map_err(|error| {
         LockError::config(format!(
             "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
             config.redacted_url(),
             error.kind_description()
         ))
-    })?;
-    let redacted = config.redacted_url();
-    GLOBAL_CONFIG.set(config).map_err(|_| {
-        LockError::config(format!(
-            "lock_runtime::init was called twice (second URL `{redacted}`); call it once at \
-             start-up"
-        ))
-    })?;
-    if GLOBAL_CLIENT.get().is_some() {
-        return Err(LockError::config(
-            "lock_runtime::init was called after the first lock was taken; call it at start-up",
-        ));
-    }
-    Ok(())
-}
-
-/// The process-wide client, built on first use from [`init`]'s configuration
-/// or from `REDIS_URL`.
-pub fn global_client() -> Result<Client, LockError> {
-    GLOBAL_CLIENT
-        .get_or_try_init(|| {
-            let config = match GLOBAL_CONFIG.get() {
-                Some(config) => config.clone(),
-                None => Config::from_env()?,
-            };
-            Client::new(config)
-        })
-        .cloned()
+    })
 }
 
 trait KindDescription {

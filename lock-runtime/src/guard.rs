@@ -146,12 +146,21 @@ impl LockGuard {
         self.renewal.take();
         let hold = Arc::clone(self.hold());
         let result = match hold.reported_loss() {
-            // Redis already said the key is gone or another's: nothing to do.
+            // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
                 key: hold.name.clone(),
                 cause,
             }),
-            _ => release(&hold).await,
+            // Lost by the clock (the holder was told and stopped): the key
+            // may still hold our token, so delete it, and report the loss.
+            Some(cause) => match release(&hold).await {
+                Ok(()) => Err(LockError::Lost {
+                    key: hold.name.clone(),
+                    cause,
+                }),
+                Err(error) => Err(error),
+            },
+            None => release(&hold).await,
         };
         // Only now is the guard disarmed: a cancelled release above drops
         // `self` still armed, and Drop releases in the background.

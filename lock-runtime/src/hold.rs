@@ -90,13 +90,14 @@ impl Hold {
         self.valid_until.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Records the loss (the first cause wins) and wakes the holder.
+    /// Records the loss (the first cause wins), logs it at error level, and
+    /// wakes the holder. Only renewed locks record losses.
     pub(crate) fn mark_lost(&self, cause: LostCause) {
-        if self
+        let first = self
             .lost
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+            .is_ok();
+        if first {
             tracing::error!(lock = %self.name, cause = %cause, "lock lost");
         }
         self.wake();
@@ -107,25 +108,30 @@ impl Hold {
     }
 
     /// Why the lock is lost, if it is: a recorded cause, or the validity
-    /// deadline having passed at `now` without a confirmed renewal.
+    /// deadline having passed at `now` without a confirmed renewal. For a
+    /// renewed lock a loss, once seen, is recorded and final: a renewal
+    /// confirmed later does not make the lock held again.
     pub(crate) fn lost_cause(&self, now: Instant) -> Option<LostCause> {
-        match self.lost.load(Ordering::Acquire) {
-            0 if now >= self.valid_until() => {
-                Some(if self.max_hold_reached.load(Ordering::Acquire) {
-                    LostCause::MaxHold
-                } else if self.renewed {
-                    LostCause::NotRenewed
-                } else {
-                    LostCause::Expired
-                })
-            }
-            0 => None,
-            code => Some(LostCause::from_code(code)),
+        if let Some(cause) = self.reported_loss() {
+            return Some(cause);
         }
+        if now < self.valid_until() {
+            return None;
+        }
+        if !self.renewed {
+            // A fixed lease: its ttl has (probably) run out; its release will
+            // tell for sure.
+            return Some(LostCause::Expired);
+        }
+        self.mark_lost(if self.max_hold_reached.load(Ordering::Acquire) {
+            LostCause::MaxHold
+        } else {
+            LostCause::NotRenewed
+        });
+        self.reported_loss()
     }
 
-    /// The loss Redis itself reported (a renewal found the key gone or
-    /// another's), as opposed to a local deadline that passed.
+    /// The recorded loss, if any.
     pub(crate) fn reported_loss(&self) -> Option<LostCause> {
         match self.lost.load(Ordering::Acquire) {
             0 => None,

@@ -37,9 +37,13 @@ pub struct Lock {
     wait: Option<Duration>,
     renew: bool,
     max_hold: Option<Duration>,
-    on_lost: OnLost,
+    /// `None` until set, so that setting it without `renew` is an error.
+    on_lost: Option<OnLost>,
     client: Option<Client>,
 }
+
+/// The longest ttl accepted: a year, far inside what Redis accepts for PX.
+const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// Outcome of one acquisition attempt.
 enum Attempt {
@@ -62,7 +66,7 @@ impl Lock {
             wait: None,
             renew: false,
             max_hold: None,
-            on_lost: OnLost::Stop,
+            on_lost: None,
             client: None,
         }
     }
@@ -104,7 +108,7 @@ impl Lock {
     /// With [`renew`](Lock::renew): what happens to a body running under the
     /// lock when the lock is lost (default [`OnLost::Stop`]).
     pub fn on_lost(mut self, on_lost: OnLost) -> Self {
-        self.on_lost = on_lost;
+        self.on_lost = Some(on_lost);
         self
     }
 
@@ -131,7 +135,7 @@ impl Lock {
     /// Takes the lock if it is free, in one round trip; never waits.
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         let (client, key, ttl_ms) = self.prepare()?;
-        let token = new_token();
+        let token = new_token()?;
         let sent_at = Instant::now();
         match self.attempt(&client, &key, &token, ttl_ms, false).await? {
             Attempt::Acquired => Ok(self.guard(client, key, token, sent_at)),
@@ -163,13 +167,13 @@ impl Lock {
 
     fn prepare(&self) -> Result<(Client, String, u64), LockError> {
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        if ttl_ms == 0 {
+        if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
             return Err(LockError::config(format!(
-                "lock `{}` has a ttl of {:?}; it must be at least 1 ms",
+                "lock `{}` has a ttl of {:?}; it must be from 1 ms to {MAX_TTL_MS} ms (a year)",
                 self.name, self.ttl
             )));
         }
-        if !self.renew && (self.max_hold.is_some() || self.on_lost != OnLost::Stop) {
+        if !self.renew && (self.max_hold.is_some() || self.on_lost.is_some()) {
             return Err(LockError::config(format!(
                 "lock `{}` sets max_hold or on_lost without renew; they only apply to renewed \
                  locks: add `.renew()`",
@@ -200,14 +204,15 @@ impl Lock {
             let renew_until = self.max_hold.map(|max_hold| sent_at + max_hold);
             renewer.register(Arc::clone(&hold), renew_until)
         });
-        LockGuard::new(hold, renewal, self.on_lost)
+        LockGuard::new(hold, renewal, self.on_lost.unwrap_or_default())
     }
 
     async fn acquire_waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
         let (client, key, ttl_ms) = self.prepare()?;
-        let token = new_token();
+        let token = new_token()?;
         let started = Instant::now();
-        let deadline = started + wait;
+        // `Duration::MAX` and other huge waits mean "wait as long as it takes".
+        let deadline = started.checked_add(wait);
         let mut backoff = Backoff::new();
         loop {
             let sent_at = Instant::now();
@@ -215,7 +220,7 @@ impl Lock {
                 Attempt::Acquired => return Ok(self.guard(client, key, token, sent_at)),
                 Attempt::Busy(expires_in) => {
                     let now = Instant::now();
-                    if now >= deadline {
+                    if deadline.is_some_and(|deadline| now >= deadline) {
                         return Err(LockError::WaitTimeout {
                             key: self.name.clone(),
                             waited: now - started,
@@ -227,7 +232,10 @@ impl Lock {
                         // died is taken over as soon as its key is gone.
                         pause = pause.min(expires_in + Duration::from_millis(1));
                     }
-                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    if let Some(deadline) = deadline {
+                        pause = pause.min(deadline - now);
+                    }
+                    tokio::time::sleep(pause).await;
                 }
             }
         }
@@ -248,6 +256,7 @@ impl Lock {
         // knowing it.
         let mut uncertain = Uncertain {
             client,
+            name: &self.name,
             key,
             token,
             resolved: false,
@@ -289,6 +298,7 @@ impl Lock {
 /// Cleans up after an acquire attempt whose outcome is unknown.
 struct Uncertain<'a> {
     client: &'a Client,
+    name: &'a str,
     key: &'a str,
     token: &'a str,
     resolved: bool,
@@ -302,7 +312,7 @@ impl Drop for Uncertain<'_> {
                 self.key.to_owned(),
                 self.token.to_owned(),
             );
-            let name = key.clone();
+            let name = self.name.to_owned();
             spawn_release(Hold::new(
                 client,
                 name,

@@ -10,7 +10,7 @@
 //! whose key is gone or held by another is marked lost at once.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -107,7 +107,8 @@ pub(crate) struct Renewer {
     call_deadline: Duration,
     registry: Mutex<Registry>,
     wake: Notify,
-    started: AtomicBool,
+    /// The driver task, respawned if the runtime it ran on has shut down.
+    driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
     counters: Counters,
 }
 
@@ -132,7 +133,7 @@ impl Renewer {
             call_deadline,
             registry: Mutex::new(Registry::default()),
             wake: Notify::new(),
-            started: AtomicBool::new(false),
+            driver: Mutex::new(None),
             counters: Counters::default(),
         })
     }
@@ -166,8 +167,14 @@ impl Renewer {
             registry.schedule(id, due);
             id
         };
-        if !self.started.swap(true, Ordering::AcqRel) {
-            tokio::spawn(Arc::clone(self).drive());
+        {
+            let mut driver = self
+                .driver
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if driver.as_ref().is_none_or(|task| task.is_finished()) {
+                *driver = Some(tokio::spawn(Arc::clone(self).drive()));
+            }
         }
         self.wake.notify_one();
         Registration {
@@ -256,6 +263,11 @@ impl Renewer {
                 for ((id, hold), code) in batch.iter().zip(codes) {
                     if !registry.entries.contains_key(id) {
                         continue; // released meanwhile: its result means nothing
+                    }
+                    if hold.lost_cause(now).is_some() {
+                        // The holder was already told: a loss is final.
+                        registry.remove(*id);
+                        continue;
                     }
                     match code {
                         1 => {

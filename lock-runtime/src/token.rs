@@ -1,19 +1,29 @@
 //! Per-acquisition tokens.
 
-/// A fresh token: 128 bits from the operating system's random source (through
-/// `rand`'s thread-local generator, seeded by the OS), as 32 hex digits. Never
-/// a timestamp or a thread id: two acquisitions never share one.
-pub(crate) fn new_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+use crate::error::LockError;
+
+/// A fresh token: 128 bits read from the operating system's random source
+/// (getrandom(2) on Linux) for every acquisition, as 32 hex digits. Never a
+/// timestamp or a thread id, and safe across `fork`: no user-space generator
+/// state is involved that a child process could share with its parent.
+pub(crate) fn new_token() -> Result<String, LockError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|error| {
+        LockError::config(format!(
+            "the operating system's random source failed ({error}); no lock token can be made"
+        ))
+    })?;
+    Ok(format!("{:032x}", u128::from_ne_bytes(bytes)))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn tokens_are_long_and_distinct() {
-        let a = super::new_token();
-        let b = super::new_token();
+        let a = super::new_token().unwrap();
+        let b = super::new_token().unwrap();
         assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
     }
 }
