@@ -14,6 +14,11 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "redis-server is missing; install it as root with:" >&2
+    echo "  apt-get update && apt-get install -y redis-server" >&2
+    exit 1
+  fi
   sudo="sudo"
 fi
 echo "redis-server not found: installing Debian's redis-server package" >&2

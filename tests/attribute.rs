@@ -1,15 +1,16 @@
 //! `#[distributed_lock]` in one process: return-type rules, methods, key
 //! rendering, `?` and `return` in bodies, and `wait`.
 //!
-//! The process-wide client is bound to the runtime that first used it, so the
-//! cases share one runtime and run in one test, one after another.
+//! `init` configures the process once, so the cases run in one test, one
+//! after another; the last ones check that a second runtime gets its own
+//! working connection from the process-wide client.
 
 mod common;
 use common::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, Lock, LockError};
+use lock_runtime::{current, distributed_lock, Lock, LockError};
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
@@ -60,6 +61,25 @@ async fn write_file(name: &str) -> std::io::Result<usize> {
 
 struct Order {
     id: u64,
+    r#type: &'static str,
+}
+
+#[distributed_lock(key = "kind:<order.r#type>:<pair.0>")]
+async fn keyed_by_odd_fields(order: &Order, pair: (u8, u8)) -> Option<String> {
+    #![allow(unused_variables)]
+    let unused = pair.1;
+    current().map(|lock| lock.name().to_owned())
+}
+
+#[distributed_lock(key = "endless")]
+async fn endless() -> Result<(), LockError> {
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[distributed_lock(key = "exploding")]
+async fn exploding() {
+    panic!("the body fails");
 }
 
 struct Shard {
@@ -131,18 +151,65 @@ fn the_attribute_follows_the_return_type_rules() {
             handled: 0,
         };
         let during = shard
-            .settle(&Order { id: 77 }, server.port())
+            .settle(
+                &Order {
+                    id: 77,
+                    r#type: "gift",
+                },
+                server.port(),
+            )
             .await
             .unwrap();
         assert_eq!(during, ":1\r\n", "the rendered key is held during the body");
         assert_eq!(redis(&server, &["EXISTS", "lock:{order:3:77}"]), ":0\r\n");
 
-        // `wait`: a waiting method gets the lock once its holder releases.
+        // Raw identifiers, tuple fields and inner attributes in the body.
+        let order = Order {
+            id: 1,
+            r#type: "gift",
+        };
+        assert_eq!(
+            keyed_by_odd_fields(&order, (4, 2)).await.as_deref(),
+            Some("kind:gift:4")
+        );
+
+        // `wait`: a waiting method is still waiting while the lock is held,
+        // and gets it once its holder releases.
         let holder = hold("shard:3").await;
         let waiting = tokio::spawn(async move { (shard.handle().await, shard) });
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(100)).await; // an observation window
+        assert!(!waiting.is_finished(), "the waiter did not wait");
         holder.release().await.unwrap();
         let (handled, _shard) = waiting.await.unwrap();
         assert_eq!(handled.unwrap(), 1);
+
+        // A dropped (aborted) call and a panicking body release the lock.
+        let call = tokio::spawn(endless());
+        wait_until_async("the endless body holds the lock", LINE_TIMEOUT, || {
+            redis(&server, &["EXISTS", "lock:{endless}"]) == ":1\r\n"
+        })
+        .await;
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        wait_until_async("the aborted call's lock is released", LINE_TIMEOUT, || {
+            redis(&server, &["EXISTS", "lock:{endless}"]) == ":0\r\n"
+        })
+        .await;
+        assert!(tokio::spawn(exploding()).await.unwrap_err().is_panic());
+        wait_until_async("the panicked call's lock is released", LINE_TIMEOUT, || {
+            redis(&server, &["EXISTS", "lock:{exploding}"]) == ":0\r\n"
+        })
+        .await;
+    });
+    drop(runtime);
+
+    // A new runtime (as each `#[tokio::test]` has) gets a working connection.
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        assert_eq!(report(41).await, Some(41));
+        assert_eq!(report(42).await, Some(42));
     });
 }

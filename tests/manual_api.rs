@@ -161,6 +161,34 @@ async fn a_cancelled_release_still_releases() {
     .await;
 }
 
+// Current-thread, as above: the acquire's first poll leaves its SET in flight.
+#[tokio::test]
+async fn a_cancelled_acquire_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let lock = Lock::new("abandoned").client(client(&server));
+    let mut acquire = Box::pin(lock.try_acquire());
+    let first_poll = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+    assert!(
+        first_poll.is_pending(),
+        "the acquire was meant to be cut off"
+    );
+    drop(acquire);
+    // Whether or not the SET was applied, no lock is left behind.
+    tokio::time::sleep(Duration::from_millis(50)).await; // let the SET and the cleanup run
+    wait_until_async(
+        "the cancelled acquire's lock is gone",
+        Duration::from_secs(5),
+        || redis(&server, &["EXISTS", "lock:{abandoned}"]) == ":0\r\n",
+    )
+    .await;
+    lock.try_acquire()
+        .await
+        .expect("the lock is free")
+        .release()
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn release_survives_a_script_cache_flush() {
     let server = RedisServer::start();
@@ -234,8 +262,25 @@ async fn bad_input_is_a_clear_error() {
         .try_acquire()
         .await;
     assert!(matches!(zero, Err(LockError::Config { ref message }) if message.contains("ttl")));
-    let empty = Lock::new("").client(client).try_acquire().await;
+    let empty = Lock::new("").client(client.clone()).try_acquire().await;
     assert!(matches!(empty, Err(LockError::Config { ref message }) if message.contains("empty")));
+    let huge = Lock::new("h")
+        .ttl(Duration::MAX)
+        .client(client.clone())
+        .try_acquire()
+        .await;
+    assert!(matches!(huge, Err(LockError::Config { ref message }) if message.contains("ttl")));
+    let brace = Lock::new("}x").client(client.clone()).try_acquire().await;
+    assert!(matches!(brace, Err(LockError::Config { .. })));
+    let prefix = Client::new(Config::new(server.url()).key_prefix("app{1}:"));
+    assert!(matches!(prefix, Err(LockError::Config { .. })));
+    // "Wait forever" is a valid wait.
+    let forever = Lock::new("w")
+        .wait(Duration::MAX)
+        .client(client)
+        .acquire()
+        .await;
+    forever.unwrap().release().await.unwrap();
 }
 
 #[test]

@@ -56,6 +56,27 @@ async fn renewal_keeps_the_key_alive_past_its_ttl() {
 }
 
 #[tokio::test]
+async fn renewal_survives_a_script_cache_flush() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = Lock::new("flushed")
+        .ttl(TTL)
+        .renew()
+        .client(client.clone())
+        .acquire()
+        .await
+        .unwrap();
+    wait_for_renewals(&client, 1).await;
+    assert_eq!(redis(&server, &["SCRIPT", "FLUSH"]), "+OK\r\n");
+    let sent = client.renewal_stats().renewals_sent;
+    wait_for_renewals(&client, sent + 3).await; // a whole ttl of renewals after the flush
+    let stats = client.renewal_stats();
+    assert_eq!((stats.failed_round_trips, stats.lost), (0, 0), "{stats:?}");
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn max_hold_stops_renewing_and_tells_the_holder() {
     let server = RedisServer::start();
     let client = client(&server);

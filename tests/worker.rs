@@ -152,10 +152,17 @@ async fn lottery(date: &str, instances: usize) {
     assert_eq!(next_line().await, "go");
     draw_lottery(date, instances - 1).await;
     let won = WON.load(std::sync::atomic::Ordering::SeqCst);
-    if !won {
-        let _: i64 = redis.rpush(format!("attempted:{date}"), 1).await.unwrap();
+    if won {
+        return say("won");
     }
-    say(if won { "won" } else { "skipped" });
+    // `()` does not say why the body was skipped; the winner holds the lock
+    // until every instance has tried, so a busy lock shows here as a held key.
+    let held: bool = redis
+        .exists(format!("lock:{{lottery:{date}}}"))
+        .await
+        .unwrap();
+    let _: i64 = redis.rpush(format!("attempted:{date}"), 1).await.unwrap();
+    say(if held { "skipped" } else { "failed" });
 }
 
 async fn hold(key: &str, ttl_ms: u64) {

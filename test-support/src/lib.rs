@@ -1,7 +1,9 @@
 //! Starts a private `redis-server` on a free loopback port and stops it when
-//! the handle is dropped (also while a panicking test unwinds). The server is
-//! tied to the process that started it: if that process dies without
-//! unwinding (SIGKILL), the kernel sends the server SIGTERM.
+//! the handle is dropped (also while a panicking test unwinds). If the thread
+//! that started it dies without unwinding (SIGKILL of the process), the
+//! kernel sends the server SIGTERM (PR_SET_PDEATHSIG follows the starting
+//! thread, so start a server shared between threads from a thread that
+//! outlives them).
 //!
 //! Nothing here ever talks to a server it did not start.
 
@@ -120,7 +122,9 @@ impl RedisServer {
                     self.port
                 )));
             }
-            if matches!(self.command(&["PING"]).as_deref(), Ok("+PONG\r\n")) {
+            // Ours, not a server someone else started on the same port.
+            let info = self.command(&["INFO", "server"]).unwrap_or_default();
+            if info.contains(&format!("process_id:{}\r\n", self.child.id())) {
                 return Ok(());
             }
             if Instant::now() > deadline {
