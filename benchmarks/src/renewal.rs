@@ -22,8 +22,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     println!("renewal benchmark: ttl {ttl:?} (renewed every ttl/3), held {seconds} s per run");
     println!();
-    println!("| locks | renewals/s | round trips/s | renewals per round trip | missed renewals | lost | failed round trips | RSS per lock | client CPU | Redis CPU |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| locks | renewals/s | round trips/s | renewals per round trip | missed renewals | lost | failed round trips | RSS per lock | client CPU | Redis CPU | other client's PING p50 / p99 / max |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut all_kept = true;
     for count in counts {
         let server = RedisServer::start();
@@ -76,7 +76,9 @@ async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) 
     let cpu_before = cpu_time();
     let redis_before = redis_cpu(server);
     let started = Instant::now();
-    tokio::time::sleep(hold).await;
+    // Another client of the same Redis, pinging every 5 ms: what the
+    // renewals' script calls cost everyone else in latency.
+    let pings = probe_latency(&server.url(), hold).await;
     let elapsed = started.elapsed().as_secs_f64();
     let stats = client.renewal_stats();
     let cpu = (cpu_time() - cpu_before).as_secs_f64();
@@ -87,7 +89,7 @@ async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) 
     let round_trips = (stats.round_trips - stats_before.round_trips) as f64;
     let missed = stats.late_renewals;
     println!(
-        "| {count} | {:.0} | {:.1} | {:.0} | {missed} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core |",
+        "| {count} | {:.0} | {:.1} | {:.0} | {missed} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core | {} |",
         renewals / elapsed,
         round_trips / elapsed,
         renewals / round_trips.max(1.0),
@@ -97,9 +99,39 @@ async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) 
         100.0 * cpu / elapsed,
         1e6 * cpu / renewals.max(1.0),
         100.0 * redis / elapsed,
+        pings,
     );
     for guard in guards {
         let _ = guard.release().await;
     }
     missed == 0 && held == count
+}
+
+/// PINGs Redis every 5 ms for `period` on a connection of its own; returns
+/// "p50 / p99 / max" of the round trips.
+async fn probe_latency(url: &str, period: Duration) -> String {
+    let mut connection = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("probe connection");
+    let mut samples = Vec::new();
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        let sent = Instant::now();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .expect("PING");
+        samples.push(sent.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    format!(
+        "{:.2} / {:.2} / {:.2} ms",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        at(1.0).as_secs_f64() * 1e3
+    )
 }
