@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs redis-server first when it is
 # missing; each test starts its own redis-server on a free loopback port.
+# Ends with one line adding up every test binary's results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/ensure-redis-server.sh
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
