@@ -13,6 +13,11 @@ fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
 }
 
+/// A lock with the test ttl, renewed, on `client`.
+fn renewed(client: &Client, name: impl Into<String>) -> Lock {
+    Lock::new(name).ttl(TTL).renew().client(client.clone())
+}
+
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis(server, &["EXISTS", key]) == ":1\r\n"
 }
@@ -40,13 +45,7 @@ async fn assert_renewals_stopped(client: &Client) {
 async fn renewal_keeps_the_key_alive_past_its_ttl() {
     let server = RedisServer::start();
     let client = client(&server);
-    let guard = Lock::new("kept")
-        .ttl(TTL)
-        .renew()
-        .client(client.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let guard = renewed(&client, "kept").acquire().await.unwrap();
     wait_for_renewals(&client, 4).await; // more than a ttl of renewals
     assert!(exists(&server, "lock:{kept}"));
     assert!(guard.is_held() && guard.remaining() > Duration::ZERO);
@@ -59,13 +58,7 @@ async fn renewal_keeps_the_key_alive_past_its_ttl() {
 async fn renewal_survives_a_script_cache_flush() {
     let server = RedisServer::start();
     let client = client(&server);
-    let guard = Lock::new("flushed")
-        .ttl(TTL)
-        .renew()
-        .client(client.clone())
-        .acquire()
-        .await
-        .unwrap();
+    let guard = renewed(&client, "flushed").acquire().await.unwrap();
     wait_for_renewals(&client, 1).await;
     assert_eq!(redis(&server, &["SCRIPT", "FLUSH"]), "+OK\r\n");
     let sent = client.renewal_stats().renewals_sent;
@@ -104,7 +97,7 @@ async fn max_hold_stops_renewing_and_tells_the_holder() {
 async fn an_aborted_body_stops_renewing_and_releases() {
     let server = RedisServer::start();
     let client = client(&server);
-    let lock = Lock::new("aborted").ttl(TTL).renew().client(client.clone());
+    let lock = renewed(&client, "aborted");
     let task = tokio::spawn(async move { lock.run(std::future::pending::<()>()).await });
     wait_for_renewals(&client, 2).await;
     assert!(exists(&server, "lock:{aborted}"));
@@ -123,10 +116,7 @@ async fn an_aborted_body_stops_renewing_and_releases() {
 async fn a_panicking_body_stops_renewing_and_releases() {
     let server = RedisServer::start();
     let client = client(&server);
-    let lock = Lock::new("panicked")
-        .ttl(TTL)
-        .renew()
-        .client(client.clone());
+    let lock = renewed(&client, "panicked");
     let watcher = client.clone();
     let task = tokio::spawn(async move {
         lock.run(async {
@@ -150,10 +140,7 @@ async fn current_describes_the_held_lock_inside_the_body_only() {
     let server = RedisServer::start();
     let client = client(&server);
     assert!(current().is_none());
-    let seen = Lock::new("described")
-        .ttl(TTL)
-        .renew()
-        .client(client)
+    let seen = renewed(&client, "described")
         .run(async {
             let lock = current().expect("inside the body");
             let stored = value(&redis(&server, &["GET", lock.redis_key()]));
@@ -178,7 +165,7 @@ async fn current_describes_the_held_lock_inside_the_body_only() {
 async fn a_lost_lock_stops_the_body_by_default() {
     let server = RedisServer::start();
     let client = client(&server);
-    let lock = Lock::new("stolen").ttl(TTL).renew().client(client.clone());
+    let lock = renewed(&client, "stolen");
     let result = lock
         .run(async {
             // Someone deletes the key (an operator, a Redis without
@@ -226,13 +213,7 @@ async fn on_lost_continue_lets_the_body_finish() {
 async fn the_guard_says_when_the_lock_is_lost() {
     let server = RedisServer::start();
     let client = client(&server);
-    let guard = Lock::new("watched")
-        .ttl(TTL)
-        .renew()
-        .client(client)
-        .acquire()
-        .await
-        .unwrap();
+    let guard = renewed(&client, "watched").acquire().await.unwrap();
     redis(&server, &["DEL", "lock:{watched}"]);
     assert_eq!(guard.lost().await, LostCause::Expired);
     assert!(!guard.is_held());
@@ -246,10 +227,7 @@ async fn renewals_due_together_share_round_trips() {
     let client = client(&server);
     let mut guards = Vec::new();
     for n in 0..200 {
-        let lock = Lock::new(format!("batch:{n}"))
-            .ttl(TTL)
-            .renew()
-            .client(client.clone());
+        let lock = renewed(&client, format!("batch:{n}"));
         guards.push(lock.acquire().await.unwrap());
     }
     // Once the locks' renewals have converged (a few intervals), measure.
