@@ -159,10 +159,7 @@ impl Client {
                     config.redacted_url()
                 ))
             })?;
-        let renewer = Renewer::new(
-            connection.clone(),
-            config.connect_timeout + config.response_timeout,
-        );
+        let renewer = Renewer::new(connection.clone(), call_deadline(&config));
         Ok(Client {
             inner: Arc::new(ClientInner {
                 config,
@@ -196,7 +193,7 @@ impl Client {
 
     /// The longest one Redis call may take before it fails with a timeout.
     pub(crate) fn call_deadline(&self) -> Duration {
-        self.inner.config.connect_timeout + self.inner.config.response_timeout
+        call_deadline(&self.inner.config)
     }
 
     /// Runs one Redis call under the client's deadline, so that no call can
@@ -207,19 +204,30 @@ impl Client {
         operation: &'static str,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
-        let deadline = self.call_deadline();
-        match tokio::time::timeout(deadline, call).await {
-            Ok(result) => result.map_err(|source| LockError::redis(key, operation, source)),
-            Err(_elapsed) => Err(LockError::redis(
-                key,
-                operation,
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {deadline:?}"),
-                )
-                .into(),
-            )),
-        }
+        within(self.call_deadline(), call)
+            .await
+            .map_err(|source| LockError::redis(key, operation, source))
+    }
+}
+
+/// The longest one Redis call may take: connect plus response timeout.
+fn call_deadline(config: &Config) -> Duration {
+    config.connect_timeout + config.response_timeout
+}
+
+/// Runs one Redis call, failing with an I/O `TimedOut` error when it takes
+/// longer than `deadline`.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {deadline:?}"),
+        )
+        .into()),
     }
 }
 

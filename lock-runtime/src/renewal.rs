@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
+use crate::client::within;
 use crate::error::LostCause;
 use crate::hold::{drift_margin, Hold};
 use crate::scripts::{RENEW, RENEW_SOURCE};
@@ -341,13 +342,13 @@ impl Renewer {
                 .arg("LOAD")
                 .arg(RENEW_SOURCE)
                 .to_owned();
-            let loaded = tokio::time::timeout(
+            let loaded = within(
                 self.call_deadline,
                 load.query_async::<String>(&mut connection),
             )
             .await;
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-            if matches!(loaded, Ok(Ok(_))) {
+            if loaded.is_ok() {
                 result = self.round_trip(&pipe).await;
             }
         }
@@ -357,13 +358,6 @@ impl Renewer {
     async fn round_trip(&self, pipe: &redis::Pipeline) -> redis::RedisResult<Vec<Vec<i64>>> {
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.call_deadline, pipe.query_async(&mut connection)).await {
-            Ok(result) => result,
-            Err(_elapsed) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer to lock renewals within {:?}", self.call_deadline),
-            )
-            .into()),
-        }
+        within(self.call_deadline, pipe.query_async(&mut connection)).await
     }
 }
