@@ -10,6 +10,7 @@ use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::LockError;
+use crate::notify::Notifier;
 use crate::redact::redact_url;
 use crate::renewal::{RenewalStats, Renewer};
 
@@ -111,6 +112,7 @@ struct ClientInner {
     config: Config,
     connection: ConnectionManager,
     renewer: Arc<Renewer>,
+    notifier: Arc<Notifier>,
 }
 
 impl Drop for ClientInner {
@@ -152,19 +154,23 @@ impl Client {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
-        let connection = ConnectionManager::new_lazy_with_config(redis_client, manager_config)
-            .map_err(|error| {
-                LockError::config(format!(
-                    "cannot set up the Redis client for `{}`: {error}",
-                    config.redacted_url()
-                ))
-            })?;
+        let connection =
+            ConnectionManager::new_lazy_with_config(redis_client.clone(), manager_config).map_err(
+                |error| {
+                    LockError::config(format!(
+                        "cannot set up the Redis client for `{}`: {error}",
+                        config.redacted_url()
+                    ))
+                },
+            )?;
         let renewer = Renewer::new(connection.clone(), call_deadline(&config));
+        let notifier = Notifier::new(redis_client.clone(), call_deadline(&config));
         Ok(Client {
             inner: Arc::new(ClientInner {
                 config,
                 connection,
                 renewer,
+                notifier,
             }),
         })
     }
@@ -177,6 +183,15 @@ impl Client {
     /// Counters of this client's renewal driver.
     pub fn renewal_stats(&self) -> RenewalStats {
         self.inner.renewer.stats()
+    }
+
+    pub(crate) fn notifier(&self) -> &Arc<Notifier> {
+        &self.inner.notifier
+    }
+
+    /// Whether both handles share one connection (the same client).
+    pub(crate) fn same(&self, other: &Client) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     pub(crate) fn renewer(&self) -> Arc<Renewer> {

@@ -25,15 +25,21 @@ pub enum OnLost {
     Continue,
 }
 
-/// Compare-and-delete: one EVALSHA round trip.
+/// Compare-and-delete (or, with `hold_at_least`, compare-and-shorten), and
+/// wake the next waiter: one EVALSHA round trip.
 async fn release(hold: &Hold) -> Result<(), LockError> {
     let mut connection = hold.client.connection();
+    let keep_ms = hold.keep_for().as_millis() as u64;
     let outcome: i64 = hold
         .client
         .call(&hold.name, "release", async {
             RELEASE
-                .key(&hold.key)
+                .key(&hold.keys.lock)
+                .key(&hold.keys.queue)
+                .key(&hold.keys.waiters)
                 .arg(&hold.token)
+                .arg(keep_ms)
+                .arg(&hold.keys.channel)
                 .invoke_async(&mut connection)
                 .await
         })
@@ -87,6 +93,9 @@ pub struct LockGuard {
     on_lost: OnLost,
     /// Until `release` completes, dropping the guard releases the lock.
     armed: bool,
+    /// Shares a hold taken further up this task's call chain: the outermost
+    /// holder releases.
+    reentrant: bool,
 }
 
 impl LockGuard {
@@ -96,7 +105,25 @@ impl LockGuard {
             renewal,
             on_lost,
             armed: true,
+            reentrant: false,
         }
+    }
+
+    /// A guard for a lock already held up this task's call chain: it shares
+    /// the outer hold, and neither its release nor its drop does anything.
+    pub(crate) fn reentrant(hold: Arc<Hold>) -> Self {
+        LockGuard {
+            lock: HeldLock { hold },
+            renewal: None,
+            on_lost: OnLost::Stop,
+            armed: false,
+            reentrant: true,
+        }
+    }
+
+    /// Whether this guard re-entered a lock its task already held.
+    pub fn is_reentrant(&self) -> bool {
+        self.reentrant
     }
 
     fn hold(&self) -> &Arc<Hold> {
@@ -143,6 +170,9 @@ impl LockGuard {
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
     pub async fn release(mut self) -> Result<(), LockError> {
+        if self.reentrant {
+            return Ok(()); // the outermost holder releases
+        }
         self.renewal.take();
         let hold = Arc::clone(self.hold());
         let result = match hold.reported_loss() {

@@ -11,6 +11,7 @@ use once_cell::sync::Lazy;
 
 use crate::client::Client;
 use crate::error::LostCause;
+use crate::keys::LockKeys;
 
 /// The origin of the nanosecond counts kept in atomics.
 static CLOCK_BASE: Lazy<Instant> = Lazy::new(Instant::now);
@@ -30,10 +31,26 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
     (ttl / 100 + Duration::from_millis(2)).min(ttl)
 }
 
+/// What an acquisition produced: everything a [`Hold`] starts from.
+pub(crate) struct Acquired {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+    pub(crate) keys: LockKeys,
+    pub(crate) token: String,
+    pub(crate) ttl: Duration,
+    pub(crate) renewed: bool,
+    /// When the acquiring command was sent.
+    pub(crate) sent_at: Instant,
+    /// When its reply arrived.
+    pub(crate) confirmed_at: Instant,
+    pub(crate) fencing_token: u64,
+    pub(crate) hold_at_least: Option<Duration>,
+}
+
 pub(crate) struct Hold {
     pub(crate) client: Client,
     pub(crate) name: String,
-    pub(crate) key: String,
+    pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
     /// Whether a renewal driver keeps this lock, and so whether the body is
@@ -41,6 +58,11 @@ pub(crate) struct Hold {
     pub(crate) renewed: bool,
     /// When the acquiring command was sent.
     pub(crate) acquired_at: Instant,
+    /// When the acquiring reply arrived: the key was set before this.
+    pub(crate) confirmed_at: Instant,
+    pub(crate) fencing_token: u64,
+    /// A release keeps the key until at least this long after acquisition.
+    pub(crate) hold_at_least: Option<Duration>,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -53,30 +75,50 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        client: Client,
-        name: String,
-        key: String,
-        token: String,
-        ttl: Duration,
-        renewed: bool,
-        acquired_at: Instant,
-    ) -> Arc<Hold> {
-        let valid_until = to_nanos(acquired_at + ttl - drift_margin(ttl));
-        Arc::new(Hold {
+    pub(crate) fn new(acquired: Acquired) -> Arc<Hold> {
+        let Acquired {
             client,
             name,
-            key,
+            keys,
             token,
             ttl,
             renewed,
-            acquired_at,
+            sent_at,
+            confirmed_at,
+            fencing_token,
+            hold_at_least,
+        } = acquired;
+        let valid_until = to_nanos(sent_at + ttl - drift_margin(ttl));
+        Arc::new(Hold {
+            client,
+            name,
+            keys,
+            token,
+            ttl,
+            renewed,
+            acquired_at: sent_at,
+            confirmed_at,
+            fencing_token,
+            hold_at_least,
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
             waker: Mutex::new(None),
         })
+    }
+
+    /// Whether this holds the same lock (same Redis, same key) as `other`.
+    pub(crate) fn same_lock(&self, client: &Client, keys: &LockKeys) -> bool {
+        self.client.same(client) && self.keys.lock == keys.lock
+    }
+
+    /// With `hold_at_least`: how much longer a release must keep the key.
+    /// Counted from when the acquiring reply arrived, which is after Redis
+    /// set the key, so the key is never kept for less than asked.
+    pub(crate) fn keep_for(&self) -> Duration {
+        self.hold_at_least
+            .map(|at_least| at_least.saturating_sub(self.confirmed_at.elapsed()))
+            .unwrap_or(Duration::ZERO)
     }
 
     pub(crate) fn valid_until(&self) -> Instant {

@@ -1,14 +1,42 @@
 //! Where a lock lives in Redis.
 //!
 //! A lock named `order:42` lives at `lock:{order:42}`. The braces are a Redis
-//! Cluster hash tag: every key derived from the same name (`lock:{order:42}`,
-//! and later `lock:{order:42}:fence`, `lock:{order:42}:queue`, ...) hashes to
-//! the same slot, so one Lua script may touch all of them on a cluster.
+//! Cluster hash tag: every key derived from the same name
+//! (`lock:{order:42}:fence`, `:queue`, `:waiters`) hashes to the same slot,
+//! so one Lua script may touch all of them on a cluster.
 
 use crate::error::LockError;
 
 /// Longest lock name accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
+
+/// Every Redis name one lock uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// The lock itself: a string holding the holder's token, with the ttl.
+    pub(crate) lock: String,
+    /// The last fencing token handed out (expires after a retention period).
+    pub(crate) fence: String,
+    /// `fair` mode: the waiters' tokens in arrival order (a list).
+    pub(crate) queue: String,
+    /// `fair` mode: each waiter's deadline to refresh its place (a sorted set).
+    pub(crate) waiters: String,
+    /// The pub/sub channel a release publishes on (a channel, not a key).
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<LockKeys, LockError> {
+        let lock = lock_key(prefix, name)?;
+        Ok(LockKeys {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
+            channel: format!("{lock}:released"),
+            lock,
+        })
+    }
+}
 
 /// The Redis key of the lock called `name`.
 pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
@@ -43,6 +71,14 @@ mod tests {
     #[test]
     fn wraps_the_name_in_a_hash_tag() {
         assert_eq!(lock_key("lock:", "order:42").unwrap(), "lock:{order:42}");
+    }
+
+    #[test]
+    fn derived_keys_share_the_hash_tag() {
+        let keys = super::LockKeys::new("lock:", "order:42").unwrap();
+        for key in [&keys.fence, &keys.queue, &keys.waiters, &keys.channel] {
+            assert!(key.starts_with("lock:{order:42}:"), "{key}");
+        }
     }
 
     #[test]

@@ -15,12 +15,14 @@
 //! the README for every argument, and `docs/design.md` for the Redis layout,
 //! the scripts and the failure cases they handle.
 
+mod acquire;
 mod client;
 mod error;
 mod guard;
 mod hold;
 mod keys;
 mod lock;
+mod notify;
 mod redact;
 mod renewal;
 mod scripts;

@@ -1,15 +1,14 @@
-//! The lock builder and acquisition: try once, or wait with jittered backoff.
+//! The lock builder: what a lock is, and its public ways to be taken.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::acquire::Acquisition;
 use crate::client::{global_client, Client};
 use crate::error::LockError;
-use crate::guard::{spawn_release, LockGuard, OnLost};
-use crate::hold::Hold;
-use crate::keys::lock_key;
-use crate::token::new_token;
+use crate::guard::{LockGuard, OnLost};
+use crate::keys::LockKeys;
+use crate::watch::held_in_this_task;
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
 /// client to use. Building one costs nothing and touches no network; it is
@@ -39,18 +38,9 @@ pub struct Lock {
     max_hold: Option<Duration>,
     /// `None` until set, so that setting it without `renew` is an error.
     on_lost: Option<OnLost>,
+    fair: bool,
+    hold_at_least: Option<Duration>,
     client: Option<Client>,
-}
-
-/// The longest ttl accepted: a year, far inside what Redis accepts for PX.
-const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
-
-/// Outcome of one acquisition attempt.
-enum Attempt {
-    Acquired,
-    /// Held by another holder, whose key expires after the given time when
-    /// Redis told it.
-    Busy(Option<Duration>),
 }
 
 impl Lock {
@@ -67,6 +57,8 @@ impl Lock {
             renew: false,
             max_hold: None,
             on_lost: None,
+            fair: false,
+            hold_at_least: None,
             client: None,
         }
     }
@@ -112,6 +104,25 @@ impl Lock {
         self
     }
 
+    /// Waiters get the lock in the order they arrived: a queue of waiting
+    /// tokens lives beside the lock in Redis, a release wakes only the first
+    /// waiter, and a waiter that disappears loses its place after 2 s
+    /// without refreshing it. Costs a few more Redis operations per waiting
+    /// attempt. Use it for every lock of a key, or for none.
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+
+    /// On release, keep the lock until at least this long after it was
+    /// acquired (the release shortens the key's expiry to the remainder
+    /// instead of deleting it). Stops a fast scheduled job from running twice
+    /// when the instances' schedulers fire a little apart.
+    pub fn hold_at_least(mut self, hold_at_least: Duration) -> Self {
+        self.hold_at_least = Some(hold_at_least);
+        self
+    }
+
     /// Use this client instead of the process-wide one.
     pub fn client(mut self, client: Client) -> Self {
         self.client = Some(client);
@@ -123,26 +134,33 @@ impl Lock {
         &self.name
     }
 
-    /// Takes the lock: once when no `wait` was set, else retrying until the
-    /// wait runs out.
+    /// Takes the lock: once when no `wait` was set, else waiting until the
+    /// wait runs out, woken by the holder's release.
+    ///
+    /// Inside a body that already holds this lock (an annotated function, or
+    /// a body run by [`Lock::run`] / [`LockGuard::run`], in the same task),
+    /// this succeeds at once with a guard that shares the outer hold: its
+    /// release does nothing, and the lock is released when the outermost
+    /// holder exits.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        let acquisition = self.prepare()?;
+        if let Some(guard) = acquisition.reentered()? {
+            return Ok(guard);
+        }
         match self.wait {
-            None => self.try_acquire().await,
-            Some(wait) => self.acquire_waiting(wait).await,
+            None => acquisition.once().await,
+            Some(wait) => acquisition.waiting(wait).await,
         }
     }
 
     /// Takes the lock if it is free, in one round trip; never waits.
+    /// Reentrant like [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
-        let (client, key, ttl_ms) = self.prepare()?;
-        let token = new_token()?;
-        let sent_at = Instant::now();
-        match self.attempt(&client, &key, &token, ttl_ms, false).await? {
-            Attempt::Acquired => Ok(self.guard(client, key, token, sent_at)),
-            Attempt::Busy(_) => Err(LockError::Busy {
-                key: self.name.clone(),
-            }),
+        let acquisition = self.prepare()?;
+        if let Some(guard) = acquisition.reentered()? {
+            return Ok(guard);
         }
+        acquisition.once().await
     }
 
     /// Runs `body` while holding the lock, then releases it: what
@@ -165,7 +183,7 @@ impl Lock {
         Ok(output)
     }
 
-    fn prepare(&self) -> Result<(Client, String, u64), LockError> {
+    fn prepare(&self) -> Result<Acquisition<'_>, LockError> {
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
             return Err(LockError::config(format!(
@@ -184,168 +202,41 @@ impl Lock {
             Some(client) => client.clone(),
             None => global_client()?,
         };
-        let key = lock_key(client.key_prefix(), &self.name)?;
-        Ok((client, key, ttl_ms))
-    }
-
-    fn guard(&self, client: Client, key: String, token: String, sent_at: Instant) -> LockGuard {
-        tracing::debug!(lock = %self.name, "acquired");
-        let renewer = client.renewer();
-        let hold = Hold::new(
+        let keys = LockKeys::new(client.key_prefix(), &self.name)?;
+        Ok(Acquisition {
+            lock: self,
+            held: held_in_this_task(&client, &keys),
             client,
-            self.name.clone(),
-            key,
-            token,
-            self.ttl,
-            self.renew,
-            sent_at,
-        );
-        let renewal = self.renew.then(|| {
-            let renew_until = self.max_hold.map(|max_hold| sent_at + max_hold);
-            renewer.register(Arc::clone(&hold), renew_until)
-        });
-        LockGuard::new(hold, renewal, self.on_lost.unwrap_or_default())
+            keys,
+            ttl_ms,
+        })
     }
 
-    async fn acquire_waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
-        let (client, key, ttl_ms) = self.prepare()?;
-        let token = new_token()?;
-        let started = Instant::now();
-        // `Duration::MAX` and other huge waits mean "wait as long as it takes".
-        let deadline = started.checked_add(wait);
-        let mut backoff = Backoff::new();
-        loop {
-            let sent_at = Instant::now();
-            match self.attempt(&client, &key, &token, ttl_ms, true).await? {
-                Attempt::Acquired => return Ok(self.guard(client, key, token, sent_at)),
-                Attempt::Busy(expires_in) => {
-                    let now = Instant::now();
-                    if deadline.is_some_and(|deadline| now >= deadline) {
-                        return Err(LockError::WaitTimeout {
-                            key: self.name.clone(),
-                            waited: now - started,
-                        });
-                    }
-                    let mut pause = backoff.next();
-                    if let Some(expires_in) = expires_in {
-                        // Never sleep past the holder's expiry: a holder that
-                        // died is taken over as soon as its key is gone.
-                        pause = pause.min(expires_in + Duration::from_millis(1));
-                    }
-                    if let Some(deadline) = deadline {
-                        pause = pause.min(deadline - now);
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        }
+    pub(crate) fn name_str(&self) -> &str {
+        &self.name
     }
 
-    /// One attempt: `SET key token NX PX ttl`, with a `PTTL` pipelined behind
-    /// it (same round trip) when the caller will wait.
-    async fn attempt(
-        &self,
-        client: &Client,
-        key: &str,
-        token: &str,
-        ttl_ms: u64,
-        with_pttl: bool,
-    ) -> Result<Attempt, LockError> {
-        // Until an answer comes, the SET may have taken the lock: if this
-        // attempt fails or is cancelled, remove a lock we might hold without
-        // knowing it.
-        let mut uncertain = Uncertain {
-            client,
-            name: &self.name,
-            key,
-            token,
-            resolved: false,
-        };
-        let mut connection = client.connection();
-        let mut set = redis::cmd("SET");
-        set.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
-        let result = if with_pttl {
-            let mut pipe = redis::pipe();
-            pipe.add_command(set).cmd("PTTL").arg(key);
-            client
-                .call(&self.name, "acquire", async {
-                    let (set, pttl): (Option<String>, i64) =
-                        pipe.query_async(&mut connection).await?;
-                    Ok(match set {
-                        Some(_) => Attempt::Acquired,
-                        None => Attempt::Busy(u64::try_from(pttl).ok().map(Duration::from_millis)),
-                    })
-                })
-                .await
-        } else {
-            client
-                .call(&self.name, "acquire", async {
-                    let set: Option<String> = set.query_async(&mut connection).await?;
-                    Ok(match set {
-                        Some(_) => Attempt::Acquired,
-                        None => Attempt::Busy(None),
-                    })
-                })
-                .await
-        };
-        if result.is_ok() {
-            uncertain.resolved = true;
-        }
-        result
-    }
-}
-
-/// Cleans up after an acquire attempt whose outcome is unknown.
-struct Uncertain<'a> {
-    client: &'a Client,
-    name: &'a str,
-    key: &'a str,
-    token: &'a str,
-    resolved: bool,
-}
-
-impl Drop for Uncertain<'_> {
-    fn drop(&mut self) {
-        if !self.resolved {
-            let (client, key, token) = (
-                self.client.clone(),
-                self.key.to_owned(),
-                self.token.to_owned(),
-            );
-            let name = self.name.to_owned();
-            spawn_release(Hold::new(
-                client,
-                name,
-                key,
-                token,
-                Duration::ZERO,
-                false,
-                Instant::now(),
-            ));
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            ttl: self.ttl,
+            renew: self.renew,
+            max_hold: self.max_hold,
+            on_lost: self.on_lost.unwrap_or_default(),
+            fair: self.fair,
+            hold_at_least: self.hold_at_least,
         }
     }
 }
 
-/// Exponential backoff with jitter: 2 ms doubling to 64 ms, each pause drawn
-/// from [d/2, d] so that waiters spread out.
-struct Backoff {
-    ceiling: Duration,
+/// The lock's settings, as the acquisition needs them.
+pub(crate) struct Settings {
+    pub(crate) ttl: Duration,
+    pub(crate) renew: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) on_lost: OnLost,
+    pub(crate) fair: bool,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(2);
-    const MAX: Duration = Duration::from_millis(64);
-
-    fn new() -> Self {
-        Backoff {
-            ceiling: Self::FIRST,
-        }
-    }
-
-    fn next(&mut self) -> Duration {
-        let ceiling = self.ceiling;
-        self.ceiling = (self.ceiling * 2).min(Self::MAX);
-        let half = ceiling / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
-}
+/// The longest ttl accepted: a year, far inside what Redis accepts for PX.
+const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;

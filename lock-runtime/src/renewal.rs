@@ -323,7 +323,7 @@ impl Renewer {
             let mut call = redis::cmd("EVALSHA");
             call.arg(RENEW.get_hash()).arg(chunk.len());
             for (_, hold) in chunk {
-                call.arg(&hold.key);
+                call.arg(&hold.keys.lock);
             }
             for (_, hold) in chunk {
                 call.arg(hold.ttl.as_millis() as u64).arg(&hold.token);

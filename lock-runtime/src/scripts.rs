@@ -6,22 +6,118 @@
 use once_cell::sync::Lazy;
 use redis::Script;
 
-/// Deletes the lock only if it still holds the caller's token.
+/// Takes the lock if it is free (and, in fair mode, if the caller is first in
+/// line), with a fencing token, in one step.
 ///
-/// KEYS[1] = lock key, ARGV[1] = token.
+/// KEYS = lock, fence, queue, waiters.
+/// ARGV = token, ttl_ms, fence_retention_ms, fair_timeout_ms (0: not fair),
+/// join (1: a fair caller that is not first joins the queue; 0: it only
+/// respects it, as a try-once does).
+/// Returns `{1, fencing_token}` when acquired, else `{0, pttl}` (the
+/// holder's remaining ttl in ms, or -2 when the lock is free but another
+/// waiter is first in line).
+///
+/// The fencing token is the Redis server's clock in microseconds, or the
+/// last token + 1 if that is not larger: strictly increasing per key while
+/// the fence key lives, and across its expiry as long as the server clock
+/// does not step back.
+pub(crate) static ACQUIRE: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r"
+local fair_timeout = tonumber(ARGV[4])
+local now = redis.call('TIME')
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local now_ms = math.floor(now_us / 1000)
+local head = false
+if fair_timeout > 0 then
+  -- waiters that stopped refreshing their place lose it
+  head = redis.call('LINDEX', KEYS[3], 0)
+  while head and head ~= ARGV[1] do
+    local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
+    if expiry and expiry > now_ms then break end
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], head)
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+end
+if (not head or head == ARGV[1]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+  local fence = now_us
+  local last = tonumber(redis.call('GET', KEYS[2]))
+  if last and last >= fence then fence = last + 1 end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  return {1, fence}
+end
+if fair_timeout > 0 and ARGV[5] == '1' then
+  if redis.call('ZADD', KEYS[4], now_ms + fair_timeout, ARGV[1]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  redis.call('PEXPIRE', KEYS[3], fair_timeout * 2)
+  redis.call('PEXPIRE', KEYS[4], fair_timeout * 2)
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// Releases the lock only if it still holds the caller's token.
+///
+/// KEYS = lock, queue, waiters. ARGV = token, keep_ms, channel.
+/// With `keep_ms` > 0 (`hold_at_least`), the key is kept for that long
+/// instead of deleted. Otherwise it is deleted and the release is published
+/// on the channel: the token of the first live waiter of a fair queue, or
+/// `*` (any waiter).
 /// Returns 1 when released, 0 when the key was gone (expired), -1 when
 /// another holder's token is there (left untouched).
 pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-elseif held == false then
-  return 0
+if held ~= ARGV[1] then
+  if held == false then return 0 end
+  return -1
 end
-return -1
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+redis.call('DEL', KEYS[1])
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  while head do
+    local expiry = tonumber(redis.call('ZSCORE', KEYS[3], head))
+    if expiry and expiry > now_ms then break end
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], head)
+    head = redis.call('LINDEX', KEYS[2], 0)
+  end
+end
+redis.call('PUBLISH', ARGV[3], head or '*')
+return 1
+",
+    )
+});
+
+/// A fair waiter gives up its place (wait ran out, or it was cancelled).
+///
+/// KEYS = lock, queue, waiters. ARGV = token, channel.
+/// If it was first in line and the lock is free, the next waiter is told.
+pub(crate) static LEAVE: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r"
+local first = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if first and redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if head then redis.call('PUBLISH', ARGV[2], head) end
+end
+return 1
 ",
     )
 });

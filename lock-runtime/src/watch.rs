@@ -10,11 +10,37 @@ use std::time::{Duration, Instant};
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 
+use crate::client::Client;
 use crate::error::LostCause;
 use crate::hold::Hold;
+use crate::keys::LockKeys;
+
+/// The locks held up this task's call chain, innermost first.
+pub(crate) struct Scope {
+    hold: Arc<Hold>,
+    outer: Option<Arc<Scope>>,
+}
 
 tokio::task_local! {
-    static CURRENT: Arc<Hold>;
+    static CURRENT: Arc<Scope>;
+}
+
+/// The hold of this lock (same client, same key) taken further up this
+/// task's call chain, if any.
+pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<Hold>> {
+    CURRENT
+        .try_with(|scope| {
+            let mut scope = Some(scope);
+            while let Some(current) = scope {
+                if current.hold.same_lock(client, keys) {
+                    return Some(Arc::clone(&current.hold));
+                }
+                scope = current.outer.as_ref();
+            }
+            None
+        })
+        .ok()
+        .flatten()
 }
 
 /// The lock held by the body that is running now, if any.
@@ -36,8 +62,8 @@ tokio::task_local! {
 /// ```
 pub fn current() -> Option<HeldLock> {
     CURRENT
-        .try_with(|hold| HeldLock {
-            hold: Arc::clone(hold),
+        .try_with(|scope| HeldLock {
+            hold: Arc::clone(&scope.hold),
         })
         .ok()
 }
@@ -56,7 +82,7 @@ impl HeldLock {
 
     /// The Redis key holding the lock, e.g. `lock:{order:42}`.
     pub fn redis_key(&self) -> &str {
-        &self.hold.key
+        &self.hold.keys.lock
     }
 
     /// This acquisition's random token (the value stored in the key).
@@ -67,6 +93,13 @@ impl HeldLock {
     /// The ttl the lock was taken with.
     pub fn ttl(&self) -> Duration {
         self.hold.ttl
+    }
+
+    /// This acquisition's fencing token: larger than every token handed out
+    /// earlier for the same key. Pass it with every write to a store that
+    /// can reject a write carrying a smaller token than one it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.fencing_token
     }
 
     /// Whether the lock is renewed by the watchdog.
@@ -98,6 +131,7 @@ impl std::fmt::Debug for HeldLock {
         f.debug_struct("HeldLock")
             .field("name", &self.name())
             .field("token", &self.token())
+            .field("fencing_token", &self.fencing_token())
             .field("remaining", &self.remaining())
             .field("renewed", &self.is_renewed())
             .finish()
@@ -109,7 +143,7 @@ pin_project! {
     /// `stop_on_loss`), and sees the lock through `current()`.
     pub(crate) struct Watched<F: Future> {
         #[pin]
-        body: TaskLocalFuture<Arc<Hold>, F>,
+        body: TaskLocalFuture<Arc<Scope>, F>,
         #[pin]
         deadline: tokio::time::Sleep,
         hold: Arc<Hold>,
@@ -118,8 +152,12 @@ pin_project! {
 }
 
 pub(crate) fn watch<F: Future>(hold: Arc<Hold>, stop_on_loss: bool, body: F) -> Watched<F> {
+    let scope = Scope {
+        hold: Arc::clone(&hold),
+        outer: CURRENT.try_with(Arc::clone).ok(),
+    };
     Watched {
-        body: CURRENT.scope(Arc::clone(&hold), body),
+        body: CURRENT.scope(Arc::new(scope), body),
         deadline: tokio::time::sleep_until(hold.valid_until().into()),
         hold,
         stop_on_loss,

@@ -1,0 +1,271 @@
+//! Taking a lock: reentry, one attempt, and waiting woken by releases.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::error::LockError;
+use crate::guard::{spawn_release, LockGuard};
+use crate::hold::{Acquired, Hold};
+use crate::keys::LockKeys;
+use crate::lock::Lock;
+use crate::notify::wait_for;
+use crate::scripts::{ACQUIRE, LEAVE};
+use crate::token::new_token;
+
+/// In fair mode, a waiter that has not refreshed its place for this long
+/// loses it (it crashed, or stopped waiting without saying so).
+pub(crate) const FAIR_WAITER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a fair waiter refreshes its place when nothing wakes it.
+const FAIR_REFRESH: Duration = Duration::from_millis(500);
+/// The longest a waiter sleeps without news when Redis gave no expiry.
+const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
+/// Fencing counters live at least this long after their last acquisition.
+const FENCE_RETENTION: Duration = Duration::from_secs(60);
+
+/// One call of `acquire` / `try_acquire`, with everything resolved.
+pub(crate) struct Acquisition<'a> {
+    pub(crate) lock: &'a Lock,
+    pub(crate) client: Client,
+    pub(crate) keys: LockKeys,
+    pub(crate) ttl_ms: u64,
+    /// The same lock, already held by a caller up this task's call chain.
+    pub(crate) held: Option<Arc<Hold>>,
+}
+
+/// Outcome of one attempt.
+enum Attempt {
+    /// Acquired, with its fencing token.
+    Acquired(u64),
+    /// Held by another holder, whose key expires after the given time when
+    /// Redis told it (none when free but another waiter is first in line).
+    Busy(Option<Duration>),
+}
+
+impl Acquisition<'_> {
+    /// Reentry: the lock is already held up this task's call chain.
+    pub(crate) fn reentered(&self) -> Result<Option<LockGuard>, LockError> {
+        let Some(hold) = &self.held else {
+            return Ok(None);
+        };
+        if let Some(cause) = hold.lost_cause(Instant::now()) {
+            return Err(LockError::Lost {
+                key: hold.name.clone(),
+                cause,
+            });
+        }
+        Ok(Some(LockGuard::reentrant(Arc::clone(hold))))
+    }
+
+    pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
+        let token = new_token()?;
+        let sent_at = Instant::now();
+        match self.attempt(&token, false).await? {
+            Attempt::Acquired(fence) => Ok(self.guard(token, sent_at, fence)),
+            Attempt::Busy(_) => Err(LockError::Busy {
+                key: self.lock.name_str().to_owned(),
+            }),
+        }
+    }
+
+    pub(crate) async fn waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
+        let token = new_token()?;
+        let fair = self.lock.settings().fair;
+        let started = Instant::now();
+        // `Duration::MAX` and other huge waits mean "wait as long as it takes".
+        let deadline = started.checked_add(wait);
+        // A fair waiter's place in the queue is given up if it stops waiting.
+        let mut place = fair.then(|| QueuePlace {
+            client: &self.client,
+            keys: &self.keys,
+            token: &token,
+            left: false,
+        });
+        let mut subscription = None;
+        loop {
+            let notified = subscription
+                .as_ref()
+                .map(crate::notify::Subscription::notified);
+            let sent_at = Instant::now();
+            let expires_in = match self.attempt(&token, fair).await? {
+                Attempt::Acquired(fence) => {
+                    if let Some(place) = place.as_mut() {
+                        place.left = true; // the acquire script took it out of the queue
+                    }
+                    drop(place);
+                    return Ok(self.guard(token, sent_at, fence));
+                }
+                Attempt::Busy(expires_in) => expires_in,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Err(LockError::WaitTimeout {
+                    key: self.lock.name_str().to_owned(),
+                    waited: now - started,
+                });
+            }
+            if subscription.is_none() {
+                // Listen for releases, then try again at once: a release
+                // between the attempt above and the subscription is not lost.
+                let notifier = self.client.notifier();
+                let token = fair.then_some(token.as_str());
+                subscription = Some(notifier.subscribe(&self.keys.channel, token).await);
+                continue;
+            }
+            // Woken by a release; never asleep past the holder's expiry (a
+            // holder that died is taken over as soon as its key is gone), nor
+            // past a fair waiter's refresh, nor past the wait.
+            let mut pause = match expires_in {
+                Some(expires_in) => expires_in + Duration::from_millis(1),
+                None => FALLBACK_PAUSE,
+            };
+            if fair {
+                pause = pause.min(FAIR_REFRESH);
+            }
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline - now);
+            }
+            wait_for(notified, pause).await;
+        }
+    }
+
+    fn guard(&self, token: String, sent_at: Instant, fencing_token: u64) -> LockGuard {
+        let settings = self.lock.settings();
+        tracing::debug!(lock = %self.lock.name_str(), fencing_token, "acquired");
+        let hold = Hold::new(Acquired {
+            client: self.client.clone(),
+            name: self.lock.name_str().to_owned(),
+            keys: self.keys.clone(),
+            token,
+            ttl: settings.ttl,
+            renewed: settings.renew,
+            sent_at,
+            confirmed_at: Instant::now(),
+            fencing_token,
+            hold_at_least: settings.hold_at_least,
+        });
+        let renewal = settings.renew.then(|| {
+            let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
+            self.client
+                .renewer()
+                .register(Arc::clone(&hold), renew_until)
+        });
+        LockGuard::new(hold, renewal, settings.on_lost)
+    }
+
+    /// One attempt: the acquire script, one round trip.
+    async fn attempt(&self, token: &str, join_queue: bool) -> Result<Attempt, LockError> {
+        // Until an answer comes, the script may have taken the lock: if this
+        // attempt fails or is cancelled, remove a lock we might hold without
+        // knowing it.
+        let mut uncertain = Uncertain {
+            client: &self.client,
+            name: self.lock.name_str(),
+            keys: &self.keys,
+            token,
+            resolved: false,
+        };
+        let fair_timeout_ms = if self.lock.settings().fair {
+            FAIR_WAITER_TIMEOUT.as_millis() as u64
+        } else {
+            0
+        };
+        let retention_ms = (FENCE_RETENTION.as_millis() as u64).max(self.ttl_ms);
+        let mut connection = self.client.connection();
+        let result = self
+            .client
+            .call(self.lock.name_str(), "acquire", async {
+                let (acquired, value): (i64, i64) = ACQUIRE
+                    .key(&self.keys.lock)
+                    .key(&self.keys.fence)
+                    .key(&self.keys.queue)
+                    .key(&self.keys.waiters)
+                    .arg(token)
+                    .arg(self.ttl_ms)
+                    .arg(retention_ms)
+                    .arg(fair_timeout_ms)
+                    .arg(u8::from(join_queue))
+                    .invoke_async(&mut connection)
+                    .await?;
+                Ok(if acquired == 1 {
+                    Attempt::Acquired(value as u64)
+                } else {
+                    Attempt::Busy(u64::try_from(value).ok().map(Duration::from_millis))
+                })
+            })
+            .await;
+        if result.is_ok() {
+            uncertain.resolved = true;
+        }
+        result
+    }
+}
+
+/// Cleans up after an acquire attempt whose outcome is unknown.
+struct Uncertain<'a> {
+    client: &'a Client,
+    name: &'a str,
+    keys: &'a LockKeys,
+    token: &'a str,
+    resolved: bool,
+}
+
+impl Drop for Uncertain<'_> {
+    fn drop(&mut self) {
+        if !self.resolved {
+            let now = Instant::now();
+            spawn_release(Hold::new(Acquired {
+                client: self.client.clone(),
+                name: self.name.to_owned(),
+                keys: self.keys.clone(),
+                token: self.token.to_owned(),
+                ttl: Duration::ZERO,
+                renewed: false,
+                sent_at: now,
+                confirmed_at: now,
+                fencing_token: 0,
+                hold_at_least: None,
+            }));
+        }
+    }
+}
+
+/// A fair waiter's place in the queue, given up when it stops waiting
+/// without the lock (timed out, failed or cancelled).
+struct QueuePlace<'a> {
+    client: &'a Client,
+    keys: &'a LockKeys,
+    token: &'a str,
+    left: bool,
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the place expires after FAIR_WAITER_TIMEOUT
+        };
+        let (client, keys, token) = (
+            self.client.clone(),
+            self.keys.clone(),
+            self.token.to_owned(),
+        );
+        runtime.spawn(async move {
+            let mut connection = client.connection();
+            let _ = client
+                .call(&keys.lock, "leave the queue", async {
+                    LEAVE
+                        .key(&keys.lock)
+                        .key(&keys.queue)
+                        .key(&keys.waiters)
+                        .arg(&token)
+                        .arg(&keys.channel)
+                        .invoke_async::<i64>(&mut connection)
+                        .await
+                })
+                .await;
+        });
+    }
+}
