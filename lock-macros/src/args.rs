@@ -7,7 +7,8 @@ use syn::LitStr;
 
 use crate::duration::parse_duration;
 
-const ARGUMENTS: &str = "`key`, `ttl`, `wait`, `renew`, `max_hold` or `on_lost`";
+const ARGUMENTS: &str =
+    "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair` or `hold_at_least`";
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
@@ -18,6 +19,8 @@ pub(crate) struct LockArgs {
     pub(crate) max_hold_ms: Option<u64>,
     /// `on_lost = "continue"`; `"stop"` is the default and emits nothing.
     pub(crate) continue_on_lost: bool,
+    pub(crate) fair: bool,
+    pub(crate) hold_at_least_ms: Option<u64>,
 }
 
 #[derive(Default)]
@@ -28,6 +31,8 @@ pub(crate) struct ArgsParser {
     renew: Option<Span>,
     max_hold_ms: Option<(u64, Span)>,
     on_lost: Option<(bool, Span)>,
+    fair: Option<Span>,
+    hold_at_least_ms: Option<u64>,
 }
 
 impl ArgsParser {
@@ -51,11 +56,17 @@ impl ArgsParser {
                 set_once(&meta, &name, &mut self.wait_ms, millis)
             }
             "renew" => {
-                if !(meta.input.is_empty() || meta.input.peek(syn::Token![,])) {
-                    return Err(meta.error("`renew` is a flag and takes no value: write `renew`"));
-                }
-                let span = meta.path.span();
+                let span = flag(&meta, &name)?;
                 set_once(&meta, &name, &mut self.renew, span)
+            }
+            "fair" => {
+                let span = flag(&meta, &name)?;
+                set_once(&meta, &name, &mut self.fair, span)
+            }
+            "hold_at_least" => {
+                let literal = string_value(&meta, &name, "\"30s\"")?;
+                let millis = parse_duration(&name, &literal)?;
+                set_once(&meta, &name, &mut self.hold_at_least_ms, millis)
             }
             "max_hold" => {
                 let literal = string_value(&meta, &name, "\"10m\"")?;
@@ -123,8 +134,20 @@ impl ArgsParser {
             continue_on_lost: self
                 .on_lost
                 .is_some_and(|(continue_on_lost, _)| continue_on_lost),
+            fair: self.fair.is_some(),
+            hold_at_least_ms: self.hold_at_least_ms,
         })
     }
+}
+
+/// A flag such as `renew`: no value allowed. Returns its span.
+fn flag(meta: &ParseNestedMeta, name: &str) -> syn::Result<Span> {
+    if !(meta.input.is_empty() || meta.input.peek(syn::Token![,])) {
+        return Err(meta.error(format!(
+            "`{name}` is a flag and takes no value: write `{name}`"
+        )));
+    }
+    Ok(meta.path.span())
 }
 
 fn string_value(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Result<LitStr> {

@@ -83,6 +83,12 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     if args.continue_on_lost {
         lock = quote!(#lock.on_lost(::lock_runtime::OnLost::Continue));
     }
+    if args.fair {
+        lock = quote!(#lock.fair());
+    }
+    if let Some(hold_at_least) = args.hold_at_least_ms {
+        lock = quote!(#lock.hold_at_least(::core::time::Duration::from_millis(#hold_at_least)));
+    }
     let name = sig.ident.to_string();
     // Naming the return type makes a return type the runtime cannot use an
     // error at the return type, naming it as written.

@@ -29,6 +29,9 @@ use proc_macro::TokenStream;
 ///   stopped if the lock is lost.
 /// - `max_hold` (with `renew`): stop renewing after this long.
 /// - `on_lost = "stop" | "continue"` (with `renew`, default `"stop"`).
+/// - `fair` (flag): waiters get the lock in arrival order.
+/// - `hold_at_least` (default: none): keep the lock at least this long after
+///   acquiring it, even if the body ends sooner.
 ///
 /// When the lock is not acquired, the body does not run and the function
 /// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for
