@@ -27,6 +27,19 @@ fn no_update_is_lost_under_the_lock() {
     let server = RedisServer::start();
     let total = run_workers(&server, "counter:locked", &[]);
     assert_eq!(total, (PROCESSES * TASKS * SECTIONS) as i64);
+    // Fencing tokens, in the order the bodies ran, only ever go up.
+    let fences = redis(&server, &["LRANGE", "counter:locked:fences", "0", "-1"]);
+    let fences: Vec<u64> = fences
+        .split("\r\n")
+        .skip(1)
+        .filter(|line| !line.starts_with('$') && !line.is_empty())
+        .map(|token| token.parse().unwrap())
+        .collect();
+    assert_eq!(fences.len(), PROCESSES * TASKS * SECTIONS);
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens went backwards: {fences:?}"
+    );
     assert_eq!(
         redis(&server, &["EXISTS", "lock:{shared-counter}"]),
         ":0\r\n"

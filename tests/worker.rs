@@ -20,6 +20,13 @@
 //!   `lost CAUSE` when the call returns.
 //! - `contend KEY MILLIS`: tries the lock again and again for MILLIS ms;
 //!   prints `tries=N acquired=M`.
+//! - `fenced-writer KEY TTL_MS`: takes the lock (a fixed lease), prints
+//!   `held FENCE`; on `write` from stdin writes to a fenced store under its
+//!   fencing token and prints `accepted` or `rejected`.
+//! - `quick-job KEY`: an attributed job with `hold_at_least = "3s"` whose
+//!   body takes 100 ms; prints `ran` or `busy`.
+//! - `fair-wait KEY ID`: waits for the fair lock; once it has it, appends ID
+//!   to the list `order`, releases, and prints `done`.
 
 use std::time::Duration;
 
@@ -50,6 +57,9 @@ async fn main() {
         ["try", key] => try_once(key).await,
         ["renewed", key, counter] => renewed(key, counter).await,
         ["contend", key, millis] => contend(key, parse(millis)).await,
+        ["fenced-writer", key, ttl_ms] => fenced_writer(key, parse(ttl_ms)).await,
+        ["quick-job", key] => quick_job(key).await,
+        ["fair-wait", key, id] => fair_wait(key, id).await,
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }
@@ -101,6 +111,14 @@ async fn increment(redis: &mut Redis, counter: &str) {
 #[distributed_lock(key = "<key>", ttl = "10s", wait = "60s")]
 async fn locked_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
     increment(redis, counter).await;
+    // The fencing tokens in the order the bodies ran.
+    let fence = lock_runtime::current()
+        .expect("inside the body")
+        .fencing_token();
+    let _: i64 = redis
+        .rpush(format!("{counter}:fences"), fence)
+        .await
+        .unwrap();
     Ok(())
 }
 
@@ -256,4 +274,69 @@ async fn contend(key: &str, millis: u64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     say(&format!("tries={tries} acquired={acquired}"));
+}
+
+/// A downstream store that keeps the highest fencing token it has seen and
+/// rejects writes carrying a smaller one (Kleppmann's check), as one Lua
+/// script on the store.
+const FENCED_WRITE: &str = r"
+local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[2]) < seen then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+";
+
+async fn fenced_writer(key: &str, ttl_ms: u64) {
+    let guard = Lock::new(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .acquire()
+        .await
+        .expect("fenced-writer: acquire");
+    let fence = guard.fencing_token();
+    say(&format!("held {fence}"));
+    assert_eq!(next_line().await, "write");
+    let mut redis = bookkeeping().await;
+    let accepted: i64 = redis::Script::new(FENCED_WRITE)
+        .key("store:value")
+        .key("store:fence")
+        .arg(format!("written under {fence}"))
+        .arg(fence)
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    say(if accepted == 1 {
+        "accepted"
+    } else {
+        "rejected"
+    });
+    let _ = guard.release().await;
+}
+
+#[distributed_lock(key = "<key>", ttl = "10s", hold_at_least = "3s")]
+async fn quick_job_body(key: &str) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+async fn quick_job(key: &str) {
+    match quick_job_body(key).await {
+        Ok(()) => say("ran"),
+        Err(error) if error.is_busy() => say("busy"),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+async fn fair_wait(key: &str, id: &str) {
+    let guard = Lock::new(key)
+        .ttl(Duration::from_secs(10))
+        .fair()
+        .wait(Duration::from_secs(60))
+        .acquire()
+        .await
+        .expect("fair-wait: acquire");
+    let mut redis = bookkeeping().await;
+    let _: i64 = redis.rpush("order", id).await.unwrap();
+    guard.release().await.expect("fair-wait: release");
+    say("done");
 }

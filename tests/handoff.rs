@@ -1,0 +1,169 @@
+//! Hand-off by notification, fencing tokens against a stale writer,
+//! `hold_at_least` and `fair`, with real processes.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock};
+
+/// Acquire-script calls Redis has run so far.
+fn acquire_calls(server: &RedisServer) -> u64 {
+    let stats = redis(server, &["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+fn subscribers(server: &RedisServer, channel: &str) -> u64 {
+    let reply = redis(server, &["PUBSUB", "NUMSUB", channel]);
+    reply
+        .trim_end()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_without_polling() {
+    let server = RedisServer::start();
+    let client = Client::new(Config::new(server.url())).unwrap();
+    let mut holder = worker(&server, &["hold", "handoff", "30000"]);
+    holder.line(LINE_TIMEOUT);
+    let waiter = tokio::spawn({
+        let lock = Lock::new("handoff")
+            .wait(Duration::from_secs(20))
+            .client(client);
+        async move { lock.acquire().await }
+    });
+    // The waiter is listening once its process subscribed to the channel.
+    wait_until_async("the waiter subscribed", LINE_TIMEOUT, || {
+        subscribers(&server, "lock:{handoff}:released") == 1
+    })
+    .await;
+    let calls_before = acquire_calls(&server);
+    // A polling waiter would try several times in this window; ours sleeps
+    // (the holder's ttl is 30 s) until the release message.
+    tokio::time::sleep(Duration::from_millis(300)).await; // an observation window
+    holder.send("release");
+    assert_eq!(holder.line(LINE_TIMEOUT), "released");
+    let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    // At most: the waiter's attempt right after subscribing, the release,
+    // and the attempt the release message triggered.
+    let calls = acquire_calls(&server) - calls_before;
+    assert!(calls <= 3, "{calls} script calls while waiting");
+    guard.release().await.unwrap();
+    wait_until_async("the waiter unsubscribed", LINE_TIMEOUT, || {
+        subscribers(&server, "lock:{handoff}:released") == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_takes_over_a_killed_holder_at_its_expiry() {
+    let server = RedisServer::start();
+    let client = Client::new(Config::new(server.url())).unwrap();
+    let mut holder = worker(&server, &["hold", "crash", "1000"]);
+    holder.line(LINE_TIMEOUT);
+    let waiter = tokio::spawn({
+        let lock = Lock::new("crash")
+            .wait(Duration::from_secs(20))
+            .client(client);
+        async move { lock.acquire().await }
+    });
+    wait_until_async("the waiter subscribed", LINE_TIMEOUT, || {
+        subscribers(&server, "lock:{crash}:released") == 1
+    })
+    .await;
+    let calls_before = acquire_calls(&server);
+    holder.kill_hard(); // no release, no message: only the expiry frees the key
+    let guard = waiter.await.unwrap().expect("taken over after the expiry");
+    // The waiter slept until the key's expiry, then took it: no polling.
+    let calls = acquire_calls(&server) - calls_before;
+    assert!(calls <= 2, "{calls} attempts while waiting for the expiry");
+    guard.release().await.unwrap();
+}
+
+#[test]
+fn a_stale_writer_is_rejected_by_its_fencing_token() {
+    let server = RedisServer::start();
+    let mut stale = worker(&server, &["fenced-writer", "invoice", "300"]);
+    let stale_fence: u64 = stale.line(LINE_TIMEOUT)["held ".len()..].parse().unwrap();
+    // The first holder is paused past its ttl (a GC pause, an overloaded
+    // host); another instance takes the lock and writes.
+    stale.pause();
+    wait_until("the paused holder's lock expired", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{invoice}"]) == ":0\r\n"
+    });
+    let mut fresh = worker(&server, &["fenced-writer", "invoice", "30000"]);
+    let fresh_fence: u64 = fresh.line(LINE_TIMEOUT)["held ".len()..].parse().unwrap();
+    assert!(fresh_fence > stale_fence);
+    fresh.send("write");
+    assert_eq!(fresh.line(LINE_TIMEOUT), "accepted");
+    // The first holder wakes up and writes under its old token: rejected.
+    stale.resume();
+    stale.send("write");
+    assert_eq!(stale.line(LINE_TIMEOUT), "rejected");
+    assert_eq!(
+        value(&redis(&server, &["GET", "store:value"])).unwrap(),
+        format!("written under {fresh_fence}")
+    );
+}
+
+#[test]
+fn hold_at_least_keeps_a_fast_job_from_running_twice() {
+    let server = RedisServer::start();
+    let mut first = worker(&server, &["quick-job", "noon"]);
+    assert_eq!(first.line(LINE_TIMEOUT), "ran");
+    let pttl: i64 = value(&redis(&server, &["PTTL", "lock:{noon}"]))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= 3000,
+        "kept for the rest of 3 s, PTTL {pttl}"
+    );
+    // Another instance's scheduler fires a second later.
+    std::thread::sleep(Duration::from_secs(1)); // the scenario's timing, not a sync
+    let mut second = worker(&server, &["quick-job", "noon"]);
+    assert_eq!(second.line(LINE_TIMEOUT), "busy");
+}
+
+#[test]
+fn fair_waiters_get_the_lock_in_arrival_order() {
+    const WAITERS: usize = 10;
+    let server = RedisServer::start();
+    let mut holder = worker(&server, &["hold", "queue", "30000"]);
+    holder.line(LINE_TIMEOUT);
+    let mut waiters = Vec::new();
+    for id in 0..WAITERS {
+        waiters.push(worker(&server, &["fair-wait", "queue", &id.to_string()]));
+        // The next one arrives only once this one has its place in line.
+        wait_until("the waiter joined the queue", LINE_TIMEOUT, || {
+            redis(&server, &["LLEN", "lock:{queue}:queue"]) == format!(":{}\r\n", id + 1)
+        });
+    }
+    let started = Instant::now();
+    holder.send("release");
+    for waiter in &mut waiters {
+        assert_eq!(waiter.line(LINE_TIMEOUT), "done");
+    }
+    let order = redis(&server, &["LRANGE", "order", "0", "-1"]);
+    let order: Vec<usize> = order
+        .split("\r\n")
+        .skip(1)
+        .filter(|line| !line.starts_with('$') && !line.is_empty())
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(redis(&server, &["EXISTS", "lock:{queue}:queue"]), ":0\r\n");
+}
