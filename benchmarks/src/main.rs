@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
+//! cargo run --release -p lock-bench -- handoff [--contenders 8] [--sections 2000] [--hold-ms 1]
 //! ```
 
+mod handoff;
 mod process_usage;
 mod renewal;
 
@@ -14,6 +16,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("renewal") => renewal::main(&args[1..]),
+        Some("handoff") => handoff::main(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]"

@@ -13,11 +13,11 @@ use crate::notify::wait_for;
 use crate::scripts::{ACQUIRE, LEAVE};
 use crate::token::new_token;
 
-/// In fair mode, a waiter that has not refreshed its place for this long
+/// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
-pub(crate) const FAIR_WAITER_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a fair waiter refreshes its place when nothing wakes it.
-const FAIR_REFRESH: Duration = Duration::from_millis(500);
+pub(crate) const WAITER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a waiter refreshes its place when nothing wakes it.
+const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 /// The longest a waiter sleeps without news when Redis gave no expiry.
 const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
 /// Fencing counters live at least this long after their last acquisition.
@@ -60,12 +60,21 @@ impl Acquisition<'_> {
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
         let token = new_token()?;
         let sent_at = Instant::now();
-        match self.attempt(&token, false).await? {
+        let respect = self.respects_queue();
+        match self.attempt(&token, false, respect).await? {
             Attempt::Acquired(fence) => Ok(self.guard(token, sent_at, fence)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 key: self.lock.name_str().to_owned(),
             }),
         }
+    }
+
+    /// Whether this attempt must let queued waiters go first: always in fair
+    /// mode, and right after this client handed the lock to a waiter (so a
+    /// holder that releases and asks again at once does not snatch the lock
+    /// back from the waiter it just woke).
+    fn respects_queue(&self) -> bool {
+        self.lock.settings().fair || self.client.just_handed_over(&self.keys.lock)
     }
 
     pub(crate) async fn waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
@@ -74,29 +83,29 @@ impl Acquisition<'_> {
         let started = Instant::now();
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
-        // A fair waiter's place in the queue is given up if it stops waiting.
-        let mut place = fair.then(|| QueuePlace {
+        // The place in the queue is given up if the waiter stops waiting.
+        let mut place = QueuePlace {
             client: &self.client,
             keys: &self.keys,
-            token: &token,
+            token: token.clone(),
             left: false,
-        });
-        let mut subscription = None;
+        };
+        let notifier = self.client.notifier();
+        let mut subscription = notifier.join_subscribed(&self.keys.channel, &token);
+        let mut respect = self.respects_queue();
         loop {
             let notified = subscription
                 .as_ref()
                 .map(crate::notify::Subscription::notified);
             let sent_at = Instant::now();
-            let expires_in = match self.attempt(&token, fair).await? {
+            let expires_in = match self.attempt(&token, true, respect).await? {
                 Attempt::Acquired(fence) => {
-                    if let Some(place) = place.as_mut() {
-                        place.left = true; // the acquire script took it out of the queue
-                    }
-                    drop(place);
+                    place.left = true; // the acquire script took it out of the queue
                     return Ok(self.guard(token, sent_at, fence));
                 }
                 Attempt::Busy(expires_in) => expires_in,
             };
+            respect = fair;
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(LockError::WaitTimeout {
@@ -107,21 +116,18 @@ impl Acquisition<'_> {
             if subscription.is_none() {
                 // Listen for releases, then try again at once: a release
                 // between the attempt above and the subscription is not lost.
-                let notifier = self.client.notifier();
-                let token = fair.then_some(token.as_str());
-                subscription = Some(notifier.subscribe(&self.keys.channel, token).await);
+                subscription = Some(notifier.subscribe(&self.keys.channel, &token).await);
                 continue;
             }
-            // Woken by a release; never asleep past the holder's expiry (a
-            // holder that died is taken over as soon as its key is gone), nor
-            // past a fair waiter's refresh, nor past the wait.
+            // Woken by the release that makes this waiter first in line;
+            // never asleep past the holder's expiry (a holder that died is
+            // taken over as soon as its key is gone), past the refresh of
+            // its place in the queue, or past the wait.
             let mut pause = match expires_in {
                 Some(expires_in) => expires_in + Duration::from_millis(1),
                 None => FALLBACK_PAUSE,
             };
-            if fair {
-                pause = pause.min(FAIR_REFRESH);
-            }
+            pause = pause.min(QUEUE_REFRESH);
             if let Some(deadline) = deadline {
                 pause = pause.min(deadline - now);
             }
@@ -154,7 +160,12 @@ impl Acquisition<'_> {
     }
 
     /// One attempt: the acquire script, one round trip.
-    async fn attempt(&self, token: &str, join_queue: bool) -> Result<Attempt, LockError> {
+    async fn attempt(
+        &self,
+        token: &str,
+        join_queue: bool,
+        respect_queue: bool,
+    ) -> Result<Attempt, LockError> {
         // Until an answer comes, the script may have taken the lock: if this
         // attempt fails or is cancelled, remove a lock we might hold without
         // knowing it.
@@ -165,11 +176,7 @@ impl Acquisition<'_> {
             token,
             resolved: false,
         };
-        let fair_timeout_ms = if self.lock.settings().fair {
-            FAIR_WAITER_TIMEOUT.as_millis() as u64
-        } else {
-            0
-        };
+        let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
         let retention_ms = (FENCE_RETENTION.as_millis() as u64).max(self.ttl_ms);
         let mut connection = self.client.connection();
         let result = self
@@ -183,8 +190,9 @@ impl Acquisition<'_> {
                     .arg(token)
                     .arg(self.ttl_ms)
                     .arg(retention_ms)
-                    .arg(fair_timeout_ms)
+                    .arg(waiter_timeout_ms)
                     .arg(u8::from(join_queue))
+                    .arg(u8::from(respect_queue))
                     .invoke_async(&mut connection)
                     .await?;
                 Ok(if acquired == 1 {
@@ -230,12 +238,12 @@ impl Drop for Uncertain<'_> {
     }
 }
 
-/// A fair waiter's place in the queue, given up when it stops waiting
-/// without the lock (timed out, failed or cancelled).
+/// A waiter's place in the queue, given up when it stops waiting without
+/// the lock (timed out, failed or cancelled).
 struct QueuePlace<'a> {
     client: &'a Client,
     keys: &'a LockKeys,
-    token: &'a str,
+    token: String,
     left: bool,
 }
 

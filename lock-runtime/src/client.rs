@@ -1,10 +1,11 @@
 //! The Redis client: configuration, the process-wide default client and the
 //! one place that applies deadlines to Redis calls.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -113,7 +114,14 @@ struct ClientInner {
     connection: ConnectionManager,
     renewer: Arc<Renewer>,
     notifier: Arc<Notifier>,
+    /// Keys this client released lately while a waiter queued: its next
+    /// request for such a key lets that waiter go first.
+    handed_over: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long after handing a lock over to a waiter this client's own next
+/// request for it lets the waiter go first.
+const HAND_OVER_WINDOW: Duration = Duration::from_millis(50);
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
@@ -171,6 +179,7 @@ impl Client {
                 connection,
                 renewer,
                 notifier,
+                handed_over: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -187,6 +196,31 @@ impl Client {
 
     pub(crate) fn notifier(&self) -> &Arc<Notifier> {
         &self.inner.notifier
+    }
+
+    /// A release of `key` woke a waiter.
+    pub(crate) fn handed_over(&self, key: &str) {
+        let mut handed_over = self
+            .inner
+            .handed_over
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        handed_over.retain(|_, at| now.duration_since(*at) < HAND_OVER_WINDOW);
+        handed_over.insert(key.to_owned(), now);
+    }
+
+    /// Whether this client handed `key` over to a waiter just now; if so, its
+    /// next request should queue behind that waiter rather than race it.
+    pub(crate) fn just_handed_over(&self, key: &str) -> bool {
+        let mut handed_over = self
+            .inner
+            .handed_over
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        handed_over
+            .remove(key)
+            .is_some_and(|at| at.elapsed() < HAND_OVER_WINDOW)
     }
 
     /// Whether both handles share one connection (the same client).

@@ -49,8 +49,11 @@ async fn release(hold: &Hold) -> Result<(), LockError> {
         cause,
     };
     match outcome {
-        1 => {
+        1 | 2 => {
             tracing::debug!(lock = %hold.name, "released");
+            if outcome == 2 {
+                hold.client.handed_over(&hold.keys.lock);
+            }
             Ok(())
         }
         0 => Err(lost(LostCause::Expired)),

@@ -3,11 +3,12 @@
 //!
 //! One pub/sub connection per client (so one per process with the global
 //! client) serves every key its waiters wait on. A key's channel is
-//! subscribed when its first local waiter arrives and unsubscribed when the
-//! last one leaves. A release publishes `*` (wake one waiter, whoever it is)
-//! or, in fair mode, the token of the waiter whose turn it is. Each process
-//! wakes one local waiter per `*` message, so a release sends one attempt
-//! per waiting process, not one per waiting task.
+//! subscribed when its first local waiter arrives, and unsubscribed a
+//! second after the last one left (so a busy key is not subscribed and
+//! unsubscribed for every waiter). Waiters queue in Redis; a release
+//! publishes the token of the first live waiter, and only that waiter wakes
+//! and tries: one attempt per release, whichever process it is in. (`*`, sent
+//! when nobody queues, wakes every local waiter of the key.)
 //!
 //! Messages can be lost (a reconnect). Waiters never rely on them alone:
 //! each also sleeps at most until the holder's key expires (or, in fair mode,
@@ -24,15 +25,18 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::client::within;
 
+/// How long a channel stays subscribed after its last local waiter left.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// Waiters of one channel in this process.
 #[derive(Default)]
 struct Channel {
-    /// Woken (one at a time) by a `*` message.
-    any: Arc<Notify>,
-    /// Fair waiters, woken by their own token.
+    /// Each waiter, woken by its own token.
     by_token: HashMap<String, Arc<Notify>>,
     /// Local waiters on this channel.
     waiters: usize,
+    /// Whether the connection is subscribed to it now.
+    subscribed: bool,
 }
 
 enum Command {
@@ -51,7 +55,7 @@ pub(crate) struct Notifier {
 pub(crate) struct Subscription {
     notifier: Arc<Notifier>,
     channel: String,
-    token: Option<String>,
+    token: String,
     notify: Arc<Notify>,
 }
 
@@ -71,15 +75,18 @@ impl Drop for Subscription {
         let Some(channel) = channels.get_mut(&self.channel) else {
             return;
         };
-        if let Some(token) = &self.token {
-            channel.by_token.remove(token);
-        }
+        channel.by_token.remove(&self.token);
         channel.waiters -= 1;
         if channel.waiters == 0 {
-            channels.remove(&self.channel);
             drop(channels);
-            self.notifier
-                .send(Command::Unsubscribe(self.channel.clone()));
+            // Unsubscribed later if it is still unused then.
+            let (notifier, channel) = (Arc::clone(&self.notifier), self.channel.clone());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    tokio::time::sleep(LINGER).await;
+                    notifier.send(Command::Unsubscribe(channel));
+                });
+            }
         }
     }
 }
@@ -100,39 +107,48 @@ impl Notifier {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Joins `channel` as a waiter (a fair one when `token` is given) and
-    /// makes sure the channel is subscribed. If subscribing fails, the
-    /// subscription still works, only without messages: waiters then rely
-    /// on their timed wake-ups.
-    pub(crate) async fn subscribe(
+    /// Joins `channel` as the waiter `token`, if the channel is subscribed
+    /// already (a waiter left less than a second ago, or others wait): no
+    /// round trip, and no message can be missed from here on.
+    pub(crate) fn join_subscribed(
         self: &Arc<Self>,
         channel: &str,
-        token: Option<&str>,
-    ) -> Subscription {
-        let notify = {
+        token: &str,
+    ) -> Option<Subscription> {
+        let mut channels = self.channels();
+        let entry = channels.get_mut(channel).filter(|entry| entry.subscribed)?;
+        Some(self.register(entry, channel, token))
+    }
+
+    /// Joins `channel` as the waiter `token` and makes sure the channel is
+    /// subscribed. If subscribing fails, the subscription still works, only
+    /// without messages: waiters then rely on their timed wake-ups.
+    pub(crate) async fn subscribe(self: &Arc<Self>, channel: &str, token: &str) -> Subscription {
+        let subscription = {
             let mut channels = self.channels();
             let entry = channels.entry(channel.to_owned()).or_default();
-            entry.waiters += 1;
-            match token {
-                Some(token) => Arc::clone(
-                    entry
-                        .by_token
-                        .entry(token.to_owned())
-                        .or_insert_with(|| Arc::new(Notify::new())),
-                ),
-                None => Arc::clone(&entry.any),
-            }
-        };
-        let subscription = Subscription {
-            notifier: Arc::clone(self),
-            channel: channel.to_owned(),
-            token: token.map(str::to_owned),
-            notify,
+            self.register(entry, channel, token)
         };
         let (ack, acked) = oneshot::channel();
         self.send(Command::Subscribe(channel.to_owned(), ack));
         let _ = tokio::time::timeout(self.deadline, acked).await;
         subscription
+    }
+
+    fn register(self: &Arc<Self>, entry: &mut Channel, channel: &str, token: &str) -> Subscription {
+        entry.waiters += 1;
+        let notify = Arc::clone(
+            entry
+                .by_token
+                .entry(token.to_owned())
+                .or_insert_with(|| Arc::new(Notify::new())),
+        );
+        Subscription {
+            notifier: Arc::clone(self),
+            channel: channel.to_owned(),
+            token: token.to_owned(),
+            notify,
+        }
     }
 
     fn send(self: &Arc<Self>, command: Command) {
@@ -166,7 +182,10 @@ impl Notifier {
             return;
         };
         if payload == "*" {
-            channel.any.notify_one();
+            channel
+                .by_token
+                .values()
+                .for_each(|notify| notify.notify_one());
         } else if let Some(notify) = channel.by_token.get(payload) {
             notify.notify_one();
         }
@@ -175,15 +194,28 @@ impl Notifier {
     /// After a reconnect, messages may have been lost: every waiter retries.
     fn wake_all(&self) {
         for channel in self.channels().values() {
-            channel.any.notify_waiters();
-            for notify in channel.by_token.values() {
-                notify.notify_one();
-            }
+            channel
+                .by_token
+                .values()
+                .for_each(|notify| notify.notify_one());
         }
     }
 
-    fn subscribed_channels(&self) -> Vec<String> {
-        self.channels().keys().cloned().collect()
+    /// Marks `channel` subscribed (or not) on the current connection.
+    fn set_subscribed(&self, channel: &str, subscribed: bool) {
+        if let Some(entry) = self.channels().get_mut(channel) {
+            entry.subscribed = subscribed;
+        }
+    }
+
+    /// A new connection: nothing is subscribed on it yet.
+    fn channels_to_resubscribe(&self) -> Vec<String> {
+        let mut channels = self.channels();
+        channels.retain(|_, channel| channel.waiters > 0);
+        channels
+            .values_mut()
+            .for_each(|channel| channel.subscribed = false);
+        channels.keys().cloned().collect()
     }
 }
 
@@ -205,11 +237,12 @@ async fn run(notifier: Weak<Notifier>, mut commands: mpsc::UnboundedReceiver<Com
             }
         };
         let mut subscribed = HashSet::new();
-        for channel in this.subscribed_channels() {
+        for channel in this.channels_to_resubscribe() {
             if within(this.deadline, sink.subscribe(&channel))
                 .await
                 .is_ok()
             {
+                this.set_subscribed(&channel, true);
                 subscribed.insert(channel);
             }
         }
@@ -225,12 +258,20 @@ async fn run(notifier: Weak<Notifier>, mut commands: mpsc::UnboundedReceiver<Com
                             if !subscribed.contains(&channel)
                                 && within(this.deadline, sink.subscribe(&channel)).await.is_ok()
                             {
-                                subscribed.insert(channel);
+                                subscribed.insert(channel.clone());
                             }
+                            this.set_subscribed(&channel, subscribed.contains(&channel));
                             let _ = ack.send(());
                         }
                         Some(Command::Unsubscribe(channel)) => {
-                            let unused = !this.channels().contains_key(&channel);
+                            let unused = {
+                                let mut channels = this.channels();
+                                let unused = channels.get(&channel).is_none_or(|c| c.waiters == 0);
+                                if unused {
+                                    channels.remove(&channel);
+                                }
+                                unused
+                            };
                             if unused && subscribed.remove(&channel) {
                                 let _ = within(this.deadline, sink.unsubscribe(&channel)).await;
                             }

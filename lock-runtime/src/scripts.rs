@@ -6,16 +6,21 @@
 use once_cell::sync::Lazy;
 use redis::Script;
 
-/// Takes the lock if it is free (and, in fair mode, if the caller is first in
-/// line), with a fencing token, in one step.
+/// Takes the lock if it is free and the caller may take it, with a fencing
+/// token, in one step; otherwise (when asked) puts the caller in the queue
+/// of waiters that releases wake one at a time.
 ///
 /// KEYS = lock, fence, queue, waiters.
-/// ARGV = token, ttl_ms, fence_retention_ms, fair_timeout_ms (0: not fair),
-/// join (1: a fair caller that is not first joins the queue; 0: it only
-/// respects it, as a try-once does).
+/// ARGV = token, ttl_ms, fence_retention_ms, waiter_timeout_ms,
+///        join (1: join or refresh a place in the queue when not acquired),
+///        respect (1: only take a free lock when the queue is empty or the
+///        caller is first in it, as in fair mode; 0: take any free lock).
 /// Returns `{1, fencing_token}` when acquired, else `{0, pttl}` (the
 /// holder's remaining ttl in ms, or -2 when the lock is free but another
 /// waiter is first in line).
+///
+/// Waiters that stopped refreshing their place (crashed, or left without
+/// saying so) are dropped from the head of the queue after the timeout.
 ///
 /// The fencing token is the Redis server's clock in microseconds, or the
 /// last token + 1 if that is not larger: strictly increasing per key while
@@ -24,26 +29,22 @@ use redis::Script;
 pub(crate) static ACQUIRE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
-local fair_timeout = tonumber(ARGV[4])
+local timeout = tonumber(ARGV[4])
 local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local now_ms = math.floor(now_us / 1000)
-local head = false
-if fair_timeout > 0 then
-  -- waiters that stopped refreshing their place lose it
+local head = redis.call('LINDEX', KEYS[3], 0)
+while head and head ~= ARGV[1] do
+  local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  if expiry and expiry > now_ms then break end
+  redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[4], head)
   head = redis.call('LINDEX', KEYS[3], 0)
-  while head and head ~= ARGV[1] do
-    local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
-    if expiry and expiry > now_ms then break end
-    redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], head)
-    head = redis.call('LINDEX', KEYS[3], 0)
-  end
 end
-if (not head or head == ARGV[1]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if head then
-    redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], ARGV[1])
+local may = ARGV[6] == '0' or not head or head == ARGV[1]
+if may and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if head and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[3], 1, ARGV[1])
   end
   local fence = now_us
   local last = tonumber(redis.call('GET', KEYS[2]))
@@ -51,12 +52,12 @@ if (not head or head == ARGV[1]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', '
   redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
   return {1, fence}
 end
-if fair_timeout > 0 and ARGV[5] == '1' then
-  if redis.call('ZADD', KEYS[4], now_ms + fair_timeout, ARGV[1]) == 1 then
+if ARGV[5] == '1' then
+  if redis.call('ZADD', KEYS[4], now_ms + timeout, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
-  redis.call('PEXPIRE', KEYS[3], fair_timeout * 2)
-  redis.call('PEXPIRE', KEYS[4], fair_timeout * 2)
+  redis.call('PEXPIRE', KEYS[3], timeout * 2)
+  redis.call('PEXPIRE', KEYS[4], timeout * 2)
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",
@@ -68,10 +69,11 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// KEYS = lock, queue, waiters. ARGV = token, keep_ms, channel.
 /// With `keep_ms` > 0 (`hold_at_least`), the key is kept for that long
 /// instead of deleted. Otherwise it is deleted and the release is published
-/// on the channel: the token of the first live waiter of a fair queue, or
-/// `*` (any waiter).
-/// Returns 1 when released, 0 when the key was gone (expired), -1 when
-/// another holder's token is there (left untouched).
+/// on the channel: the token of the first live waiter in the queue, or `*`
+/// when nobody queues.
+/// Returns 2 when released with a waiter woken, 1 when released (or kept),
+/// 0 when the key was gone (expired), -1 when another holder's token is
+/// there (left untouched).
 pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
@@ -98,6 +100,7 @@ if head then
   end
 end
 redis.call('PUBLISH', ARGV[3], head or '*')
+if head then return 2 end
 return 1
 ",
     )
