@@ -17,15 +17,8 @@ fn acquire_calls(server: &RedisServer) -> u64 {
         .map_or(0, |calls| calls.parse().unwrap())
 }
 
-fn subscribers(server: &RedisServer, channel: &str) -> u64 {
-    let reply = redis(server, &["PUBSUB", "NUMSUB", channel]);
-    reply
-        .trim_end()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+fn queued(server: &RedisServer, key: &str) -> bool {
+    redis(server, &["LLEN", &format!("lock:{{{key}}}:queue")]) == ":1\r\n"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,9 +33,9 @@ async fn a_release_wakes_the_waiter_without_polling() {
             .client(client);
         async move { lock.acquire().await }
     });
-    // The waiter is listening once its process subscribed to the channel.
-    wait_until_async("the waiter subscribed", LINE_TIMEOUT, || {
-        subscribers(&server, "lock:{handoff}:released") == 1
+    // The waiter is queued: from here it listens for the release.
+    wait_until_async("the waiter queued", LINE_TIMEOUT, || {
+        queued(&server, "handoff")
     })
     .await;
     let calls_before = acquire_calls(&server);
@@ -57,10 +50,10 @@ async fn a_release_wakes_the_waiter_without_polling() {
     let calls = acquire_calls(&server) - calls_before;
     assert!(calls <= 3, "{calls} script calls while waiting");
     guard.release().await.unwrap();
-    wait_until_async("the waiter unsubscribed", LINE_TIMEOUT, || {
-        subscribers(&server, "lock:{handoff}:released") == 0
-    })
-    .await;
+    assert_eq!(
+        redis(&server, &["EXISTS", "lock:{handoff}:queue"]),
+        ":0\r\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,8 +68,8 @@ async fn a_waiter_takes_over_a_killed_holder_at_its_expiry() {
             .client(client);
         async move { lock.acquire().await }
     });
-    wait_until_async("the waiter subscribed", LINE_TIMEOUT, || {
-        subscribers(&server, "lock:{crash}:released") == 1
+    wait_until_async("the waiter queued", LINE_TIMEOUT, || {
+        queued(&server, "crash")
     })
     .await;
     let calls_before = acquire_calls(&server);

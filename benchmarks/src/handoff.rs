@@ -33,8 +33,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     println!("contended hand-off: {contenders} contenders (one client each), {sections} sections of ~{hold:?}");
     println!();
-    println!("| mode | sections/s | bound 1/(hold+2 RTT) | ratio | wait p50 / p99 / max | hand-off p50 / p99 | busiest contender | Redis CPU per section (uncontended pair) | counter |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| mode | sections/s | bound 1/(hold + 2 PING) | ratio | ratio to 1/(hold + uncontended pair) | wait p50 / p99 / max | hand-off p50 / p99 | busiest contender | Redis CPU per section (uncontended pair) | counter |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut ok = true;
     for fair in [false, true] {
         let server = RedisServer::start();
@@ -56,17 +56,22 @@ fn ms(duration: Duration) -> String {
     format!("{:.2}", duration.as_secs_f64() * 1e3)
 }
 
-/// Redis CPU of one uncontended lock + unlock pair, and the round-trip time.
-async fn baseline(server: &RedisServer) -> (Duration, Duration) {
+/// Redis CPU of one uncontended lock + unlock pair, the pair's latency
+/// (two round trips through the lock's client) and a PING round trip.
+async fn baseline(server: &RedisServer) -> (Duration, Duration, Duration) {
     let client = Client::new(Config::new(server.url())).unwrap();
     let lock = Lock::new("baseline").client(client.clone());
     lock.try_acquire().await.unwrap().release().await.unwrap();
     let pairs = 2000;
     let before = redis_cpu(server);
+    let mut latencies = Vec::with_capacity(pairs as usize);
     for _ in 0..pairs {
+        let started = Instant::now();
         lock.try_acquire().await.unwrap().release().await.unwrap();
+        latencies.push(started.elapsed());
     }
     let cpu = (redis_cpu(server) - before) / pairs;
+    let pair = percentile(&mut latencies, 0.5);
     let mut connection = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -81,7 +86,7 @@ async fn baseline(server: &RedisServer) -> (Duration, Duration) {
             .unwrap();
         rtts.push(sent.elapsed());
     }
-    (cpu, percentile(&mut rtts, 0.5))
+    (cpu, pair, percentile(&mut rtts, 0.5))
 }
 
 async fn run(
@@ -91,7 +96,7 @@ async fn run(
     hold: Duration,
     fair: bool,
 ) -> bool {
-    let (pair_cpu, rtt) = baseline(server).await;
+    let (pair_cpu, pair, rtt) = baseline(server).await;
     let shared = Arc::new(Shared {
         claimed: AtomicUsize::new(0),
         last_release: Mutex::new(None),
@@ -164,16 +169,19 @@ async fn run(
     let holds = shared.holds.lock().unwrap().clone();
     let mean_hold = holds.iter().sum::<Duration>() / holds.len() as u32;
     let bound = 1.0 / (mean_hold + rtt * 2).as_secs_f64();
+    let client_bound = 1.0 / (mean_hold + pair).as_secs_f64();
     let rate = sections as f64 / elapsed;
     let busiest = *per_contender.iter().max().unwrap() as f64 / sections as f64;
     println!(
-        "| {} | {:.0} | {:.0} (hold {} ms, RTT {} ms) | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.1} µs ({:.1} µs, ×{:.2}) | {} |",
+        "| {} | {:.0} | {:.0} (hold {} ms, PING {} ms) | {:.2} | {:.2} (pair {} ms) | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.1} µs ({:.1} µs, ×{:.2}) | {} |",
         if fair { "fair" } else { "default" },
         rate,
         bound,
         ms(mean_hold),
         ms(rtt),
         rate / bound,
+        rate / client_bound,
+        ms(pair),
         ms(percentile(&mut waits, 0.5)),
         ms(percentile(&mut waits, 0.99)),
         ms(percentile(&mut waits, 1.0)),

@@ -61,7 +61,7 @@ impl Acquisition<'_> {
         let token = new_token()?;
         let sent_at = Instant::now();
         let respect = self.respects_queue();
-        match self.attempt(&token, false, respect).await? {
+        match self.attempt(&token, "", false, respect).await? {
             Attempt::Acquired(fence) => Ok(self.guard(token, sent_at, fence)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 key: self.lock.name_str().to_owned(),
@@ -84,21 +84,22 @@ impl Acquisition<'_> {
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
+        let notifier = self.client.notifier();
+        let member = format!("{}|{token}", notifier.channel());
         let mut place = QueuePlace {
             client: &self.client,
             keys: &self.keys,
-            token: token.clone(),
+            member: member.clone(),
             left: false,
         };
-        let notifier = self.client.notifier();
-        let mut subscription = notifier.join_subscribed(&self.keys.channel, &token);
+        let mut subscription = notifier.join_ready(&token);
         let mut respect = self.respects_queue();
         loop {
             let notified = subscription
                 .as_ref()
                 .map(crate::notify::Subscription::notified);
             let sent_at = Instant::now();
-            let expires_in = match self.attempt(&token, true, respect).await? {
+            let expires_in = match self.attempt(&token, &member, true, respect).await? {
                 Attempt::Acquired(fence) => {
                     place.left = true; // the acquire script took it out of the queue
                     return Ok(self.guard(token, sent_at, fence));
@@ -116,7 +117,7 @@ impl Acquisition<'_> {
             if subscription.is_none() {
                 // Listen for releases, then try again at once: a release
                 // between the attempt above and the subscription is not lost.
-                subscription = Some(notifier.subscribe(&self.keys.channel, &token).await);
+                subscription = Some(notifier.subscribe(&token).await);
                 continue;
             }
             // Woken by the release that makes this waiter first in line;
@@ -163,6 +164,7 @@ impl Acquisition<'_> {
     async fn attempt(
         &self,
         token: &str,
+        member: &str,
         join_queue: bool,
         respect_queue: bool,
     ) -> Result<Attempt, LockError> {
@@ -193,6 +195,7 @@ impl Acquisition<'_> {
                     .arg(waiter_timeout_ms)
                     .arg(u8::from(join_queue))
                     .arg(u8::from(respect_queue))
+                    .arg(member)
                     .invoke_async(&mut connection)
                     .await?;
                 Ok(if acquired == 1 {
@@ -243,7 +246,7 @@ impl Drop for Uncertain<'_> {
 struct QueuePlace<'a> {
     client: &'a Client,
     keys: &'a LockKeys,
-    token: String,
+    member: String,
     left: bool,
 }
 
@@ -253,13 +256,9 @@ impl Drop for QueuePlace<'_> {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // the place expires after FAIR_WAITER_TIMEOUT
+            return; // the place expires after WAITER_TIMEOUT
         };
-        let (client, keys, token) = (
-            self.client.clone(),
-            self.keys.clone(),
-            self.token.to_owned(),
-        );
+        let (client, keys, member) = (self.client.clone(), self.keys.clone(), self.member.clone());
         runtime.spawn(async move {
             let mut connection = client.connection();
             let _ = client
@@ -268,8 +267,7 @@ impl Drop for QueuePlace<'_> {
                         .key(&keys.lock)
                         .key(&keys.queue)
                         .key(&keys.waiters)
-                        .arg(&token)
-                        .arg(&keys.channel)
+                        .arg(&member)
                         .invoke_async::<i64>(&mut connection)
                         .await
                 })

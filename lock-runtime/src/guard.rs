@@ -39,7 +39,6 @@ async fn release(hold: &Hold) -> Result<(), LockError> {
                 .key(&hold.keys.waiters)
                 .arg(&hold.token)
                 .arg(keep_ms)
-                .arg(&hold.keys.channel)
                 .invoke_async(&mut connection)
                 .await
         })

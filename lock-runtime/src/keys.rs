@@ -17,12 +17,10 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     /// The last fencing token handed out (expires after a retention period).
     pub(crate) fence: String,
-    /// `fair` mode: the waiters' tokens in arrival order (a list).
+    /// The waiters in arrival order (a list of `<channel>|<token>`).
     pub(crate) queue: String,
-    /// `fair` mode: each waiter's deadline to refresh its place (a sorted set).
+    /// Each waiter's deadline to refresh its place (a sorted set).
     pub(crate) waiters: String,
-    /// The pub/sub channel a release publishes on (a channel, not a key).
-    pub(crate) channel: String,
 }
 
 impl LockKeys {
@@ -32,7 +30,6 @@ impl LockKeys {
             fence: format!("{lock}:fence"),
             queue: format!("{lock}:queue"),
             waiters: format!("{lock}:waiters"),
-            channel: format!("{lock}:released"),
             lock,
         })
     }
@@ -76,7 +73,7 @@ mod tests {
     #[test]
     fn derived_keys_share_the_hash_tag() {
         let keys = super::LockKeys::new("lock:", "order:42").unwrap();
-        for key in [&keys.fence, &keys.queue, &keys.waiters, &keys.channel] {
+        for key in [&keys.fence, &keys.queue, &keys.waiters] {
             assert!(key.starts_with("lock:{order:42}:"), "{key}");
         }
     }

@@ -14,7 +14,8 @@ use redis::Script;
 /// ARGV = token, ttl_ms, fence_retention_ms, waiter_timeout_ms,
 ///        join (1: join or refresh a place in the queue when not acquired),
 ///        respect (1: only take a free lock when the queue is empty or the
-///        caller is first in it, as in fair mode; 0: take any free lock).
+///        caller is first in it, as in fair mode; 0: take any free lock),
+///        member (the caller's queue entry: `<its client's channel>|<token>`).
 /// Returns `{1, fencing_token}` when acquired, else `{0, pttl}` (the
 /// holder's remaining ttl in ms, or -2 when the lock is free but another
 /// waiter is first in line).
@@ -34,17 +35,17 @@ local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local now_ms = math.floor(now_us / 1000)
 local head = redis.call('LINDEX', KEYS[3], 0)
-while head and head ~= ARGV[1] do
+while head and head ~= ARGV[7] do
   local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
   if expiry and expiry > now_ms then break end
   redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
   head = redis.call('LINDEX', KEYS[3], 0)
 end
-local may = ARGV[6] == '0' or not head or head == ARGV[1]
+local may = ARGV[6] == '0' or not head or head == ARGV[7]
 if may and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if head and redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
-    redis.call('LREM', KEYS[3], 1, ARGV[1])
+  if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
+    redis.call('LREM', KEYS[3], 1, ARGV[7])
   end
   local fence = now_us
   local last = tonumber(redis.call('GET', KEYS[2]))
@@ -53,8 +54,8 @@ if may and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, fence}
 end
 if ARGV[5] == '1' then
-  if redis.call('ZADD', KEYS[4], now_ms + timeout, ARGV[1]) == 1 then
-    redis.call('RPUSH', KEYS[3], ARGV[1])
+  if redis.call('ZADD', KEYS[4], now_ms + timeout, ARGV[7]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[7])
   end
   redis.call('PEXPIRE', KEYS[3], timeout * 2)
   redis.call('PEXPIRE', KEYS[4], timeout * 2)
@@ -66,11 +67,11 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// Releases the lock only if it still holds the caller's token.
 ///
-/// KEYS = lock, queue, waiters. ARGV = token, keep_ms, channel.
+/// KEYS = lock, queue, waiters. ARGV = token, keep_ms.
 /// With `keep_ms` > 0 (`hold_at_least`), the key is kept for that long
 /// instead of deleted. Otherwise it is deleted and the release is published
-/// on the channel: the token of the first live waiter in the queue, or `*`
-/// when nobody queues.
+/// to the first live waiter in the queue: its token, on its client's
+/// channel (queue entries are `<channel>|<token>`).
 /// Returns 2 when released with a waiter woken, 1 when released (or kept),
 /// 0 when the key was gone (expired), -1 when another holder's token is
 /// there (left untouched).
@@ -99,16 +100,17 @@ if head then
     head = redis.call('LINDEX', KEYS[2], 0)
   end
 end
-redis.call('PUBLISH', ARGV[3], head or '*')
-if head then return 2 end
-return 1
+if not head then return 1 end
+local bar = string.find(head, '|', 1, true)
+redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
+return 2
 ",
     )
 });
 
 /// A fair waiter gives up its place (wait ran out, or it was cancelled).
 ///
-/// KEYS = lock, queue, waiters. ARGV = token, channel.
+/// KEYS = lock, queue, waiters. ARGV = member (`<channel>|<token>`).
 /// If it was first in line and the lock is free, the next waiter is told.
 pub(crate) static LEAVE: Lazy<Script> = Lazy::new(|| {
     Script::new(
@@ -118,7 +120,10 @@ redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first and redis.call('EXISTS', KEYS[1]) == 0 then
   local head = redis.call('LINDEX', KEYS[2], 0)
-  if head then redis.call('PUBLISH', ARGV[2], head) end
+  if head then
+    local bar = string.find(head, '|', 1, true)
+    redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
+  end
 end
 return 1
 ",
