@@ -172,7 +172,7 @@ impl Client {
                 },
             )?;
         let renewer = Renewer::new(connection.clone(), call_deadline(&config));
-        let notifier = Notifier::new(redis_client.clone(), call_deadline(&config));
+        let notifier = Notifier::new(redis_client.clone(), call_deadline(&config))?;
         Ok(Client {
             inner: Arc::new(ClientInner {
                 config,

@@ -23,6 +23,7 @@ use futures_util::StreamExt;
 use tokio::sync::{watch, Notify};
 
 use crate::client::within;
+use crate::error::LockError;
 use crate::token::new_token;
 
 pub(crate) struct Notifier {
@@ -61,16 +62,19 @@ impl Drop for Subscription {
 }
 
 impl Notifier {
-    pub(crate) fn new(redis: redis::Client, deadline: Duration) -> Arc<Notifier> {
-        let id = new_token().unwrap_or_else(|_| format!("{:p}", &redis));
-        Arc::new(Notifier {
+    pub(crate) fn new(
+        redis: redis::Client,
+        deadline: Duration,
+    ) -> Result<Arc<Notifier>, LockError> {
+        let id = new_token()?;
+        Ok(Arc::new(Notifier {
             redis,
             deadline,
             channel: format!("lock-waiters:{id}"),
             waiters: Mutex::new(HashMap::new()),
             ready: watch::Sender::new(false),
             task: Mutex::new(None),
-        })
+        }))
     }
 
     /// The channel this client's waiters are told on.
