@@ -160,3 +160,26 @@ fn fair_waiters_get_the_lock_in_arrival_order() {
     );
     assert_eq!(redis(&server, &["EXISTS", "lock:{queue}:queue"]), ":0\r\n");
 }
+
+#[tokio::test]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let server = RedisServer::start();
+    let client = Client::new(Config::new(server.url())).unwrap();
+    let _holder = Lock::new("busy")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let gave_up = Lock::new("busy")
+        .wait(Duration::from_millis(200))
+        .client(client)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(gave_up.is_busy(), "{gave_up:?}");
+    wait_until_async("the waiter left the queue", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{busy}:queue"]) == ":0\r\n"
+            && redis(&server, &["EXISTS", "lock:{busy}:waiters"]) == ":0\r\n"
+    })
+    .await;
+}

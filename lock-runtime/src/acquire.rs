@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::Client;
 use crate::error::LockError;
-use crate::guard::{spawn_release, LockGuard};
+use crate::guard::{spawn_release, LockGuard, OnLost};
 use crate::hold::{Acquired, Hold};
 use crate::keys::LockKeys;
 use crate::lock::Lock;
@@ -106,7 +106,6 @@ impl Acquisition<'_> {
                 }
                 Attempt::Busy(expires_in) => expires_in,
             };
-            respect = fair;
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(LockError::WaitTimeout {
@@ -117,9 +116,13 @@ impl Acquisition<'_> {
             if subscription.is_none() {
                 // Listen for releases, then try again at once: a release
                 // between the attempt above and the subscription is not lost.
-                subscription = Some(notifier.subscribe(&token).await);
+                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
+                subscription = Some(notifier.subscribe(&token, left).await);
                 continue;
             }
+            // A holder that just handed over lets its waiter go first only
+            // until its own first wait.
+            respect = fair;
             // Woken by the release that makes this waiter first in line;
             // never asleep past the holder's expiry (a holder that died is
             // taken over as soon as its key is gone), past the refresh of
@@ -150,6 +153,7 @@ impl Acquisition<'_> {
             confirmed_at: Instant::now(),
             fencing_token,
             hold_at_least: settings.hold_at_least,
+            stop_on_loss: settings.on_lost == OnLost::Stop,
         });
         let renewal = settings.renew.then(|| {
             let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
@@ -157,7 +161,7 @@ impl Acquisition<'_> {
                 .renewer()
                 .register(Arc::clone(&hold), renew_until)
         });
-        LockGuard::new(hold, renewal, settings.on_lost)
+        LockGuard::new(hold, renewal)
     }
 
     /// One attempt: the acquire script, one round trip.
@@ -236,6 +240,7 @@ impl Drop for Uncertain<'_> {
                 confirmed_at: now,
                 fencing_token: 0,
                 hold_at_least: None,
+                stop_on_loss: false,
             }));
         }
     }

@@ -92,7 +92,6 @@ pub(crate) fn spawn_release(hold: Arc<Hold>) {
 pub struct LockGuard {
     lock: HeldLock,
     renewal: Option<Registration>,
-    on_lost: OnLost,
     /// Until `release` completes, dropping the guard releases the lock.
     armed: bool,
     /// Shares a hold taken further up this task's call chain: the outermost
@@ -101,11 +100,10 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(hold: Arc<Hold>, renewal: Option<Registration>, on_lost: OnLost) -> Self {
+    pub(crate) fn new(hold: Arc<Hold>, renewal: Option<Registration>) -> Self {
         LockGuard {
             lock: HeldLock { hold },
             renewal,
-            on_lost,
             armed: true,
             reentrant: false,
         }
@@ -117,7 +115,6 @@ impl LockGuard {
         LockGuard {
             lock: HeldLock { hold },
             renewal: None,
-            on_lost: OnLost::Stop,
             armed: false,
             reentrant: true,
         }
@@ -140,8 +137,7 @@ impl LockGuard {
     /// ran out without a confirmed renewal) and this returns
     /// [`LockError::Lost`]. Otherwise `body` runs to its end.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        let stop = self.hold().renewed && self.on_lost == OnLost::Stop;
-        watch(Arc::clone(self.hold()), stop, body)
+        watch(Arc::clone(self.hold()), self.hold().stop_on_loss, body)
             .await
             .map_err(|cause| LockError::Lost {
                 key: self.hold().name.clone(),

@@ -45,6 +45,8 @@ pub(crate) struct Acquired {
     pub(crate) confirmed_at: Instant,
     pub(crate) fencing_token: u64,
     pub(crate) hold_at_least: Option<Duration>,
+    /// For a renewed lock: stop a body run under it when it is lost.
+    pub(crate) stop_on_loss: bool,
 }
 
 pub(crate) struct Hold {
@@ -63,6 +65,9 @@ pub(crate) struct Hold {
     pub(crate) fencing_token: u64,
     /// A release keeps the key until at least this long after acquisition.
     pub(crate) hold_at_least: Option<Duration>,
+    /// Whether a body run under this lock is stopped when it is lost
+    /// (renewed and `OnLost::Stop`); reentrant entries share it.
+    pub(crate) stop_on_loss: bool,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -87,6 +92,7 @@ impl Hold {
             confirmed_at,
             fencing_token,
             hold_at_least,
+            stop_on_loss,
         } = acquired;
         let valid_until = to_nanos(sent_at + ttl - drift_margin(ttl));
         Arc::new(Hold {
@@ -100,6 +106,7 @@ impl Hold {
             confirmed_at,
             fencing_token,
             hold_at_least,
+            stop_on_loss: renewed && stop_on_loss,
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),

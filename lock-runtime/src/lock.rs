@@ -104,11 +104,13 @@ impl Lock {
         self
     }
 
-    /// Waiters get the lock in the order they arrived: a queue of waiting
-    /// tokens lives beside the lock in Redis, a release wakes only the first
-    /// waiter, and a waiter that disappears loses its place after 2 s
-    /// without refreshing it. Costs a few more Redis operations per waiting
-    /// attempt. Use it for every lock of a key, or for none.
+    /// Waiters get the lock strictly in the order they arrived: nobody
+    /// takes it ahead of the queue, not even a newcomer finding it free.
+    /// (Without `fair`, waiters are also queued and woken one at a time in
+    /// arrival order, but a newcomer may take a free lock first.) Same
+    /// scripts and round trips; a crashed first waiter in line stalls the
+    /// queue until its place expires (2 s). Use it for every lock of a key,
+    /// or for none.
     pub fn fair(mut self) -> Self {
         self.fair = true;
         self
@@ -189,6 +191,15 @@ impl Lock {
             return Err(LockError::config(format!(
                 "lock `{}` has a ttl of {:?}; it must be from 1 ms to {MAX_TTL_MS} ms (a year)",
                 self.name, self.ttl
+            )));
+        }
+        if self
+            .hold_at_least
+            .is_some_and(|at_least| at_least.as_millis() > u128::from(MAX_TTL_MS))
+        {
+            return Err(LockError::config(format!(
+                "lock `{}` has a hold_at_least over a year; keep it to a year or less",
+                self.name
             )));
         }
         if !self.renew && (self.max_hold.is_some() || self.on_lost.is_some()) {

@@ -95,14 +95,20 @@ impl Notifier {
         (alive && *self.ready.borrow()).then(|| self.register(token))
     }
 
-    /// Registers the waiter `token` and waits (bounded) until the connection
-    /// listens. If it cannot, the registration still works, only without
-    /// messages: the waiter then relies on its timed wake-ups.
-    pub(crate) async fn subscribe(self: &Arc<Self>, token: &str) -> Subscription {
+    /// Registers the waiter `token` and waits (at most `patience`, and at
+    /// most the call deadline) until the connection listens. If it cannot,
+    /// the registration still works, only without messages: the waiter then
+    /// relies on its timed wake-ups.
+    pub(crate) async fn subscribe(
+        self: &Arc<Self>,
+        token: &str,
+        patience: Duration,
+    ) -> Subscription {
         let subscription = self.register(token);
         if self.ensure_task() {
             let mut ready = self.ready.subscribe();
-            let _ = tokio::time::timeout(self.deadline, ready.wait_for(|ready| *ready)).await;
+            let patience = patience.min(self.deadline);
+            let _ = tokio::time::timeout(patience, ready.wait_for(|ready| *ready)).await;
         }
         subscription
     }
@@ -155,28 +161,33 @@ impl Notifier {
 /// The connection task: (re)connects, subscribes to the client's channel and
 /// dispatches messages. Ends when its client is gone.
 async fn run(notifier: Weak<Notifier>) {
+    let mut failures = 0u32;
     loop {
         let Some(this) = notifier.upgrade() else {
             return;
         };
-        let connected = within(this.deadline, this.redis.get_async_pubsub()).await;
-        let mut stream = match connected {
-            Ok(mut pubsub) => match within(this.deadline, pubsub.subscribe(&this.channel)).await {
-                Ok(()) => pubsub.into_on_message(),
-                Err(error) => {
-                    tracing::warn!(%error, "lock notifications: cannot subscribe; waiters fall back to timed retries");
-                    drop(this);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            },
+        let stream = match within(this.deadline, this.redis.get_async_pubsub()).await {
+            Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&this.channel))
+                .await
+                .map(|()| pubsub.into_on_message()),
+            Err(error) => Err(error),
+        };
+        let mut stream = match stream {
+            Ok(stream) => stream,
             Err(error) => {
-                tracing::warn!(%error, "lock notifications: cannot connect; waiters fall back to timed retries");
+                if failures == 0 {
+                    tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
+                }
+                failures += 1;
+                if this.waiters().is_empty() {
+                    return; // restarted by the next waiter
+                }
                 drop(this);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
+        failures = 0;
         this.ready.send_replace(true);
         this.wake_all();
         drop(this);

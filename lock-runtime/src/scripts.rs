@@ -108,7 +108,7 @@ return 2
     )
 });
 
-/// A fair waiter gives up its place (wait ran out, or it was cancelled).
+/// A waiter gives up its place (wait ran out, an error, or it was cancelled).
 ///
 /// KEYS = lock, queue, waiters. ARGV = member (`<channel>|<token>`).
 /// If it was first in line and the lock is free, the next waiter is told.
@@ -119,7 +119,16 @@ local first = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first and redis.call('EXISTS', KEYS[1]) == 0 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local head = redis.call('LINDEX', KEYS[2], 0)
+  while head do
+    local expiry = tonumber(redis.call('ZSCORE', KEYS[3], head))
+    if expiry and expiry > now_ms then break end
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], head)
+    head = redis.call('LINDEX', KEYS[2], 0)
+  end
   if head then
     local bar = string.find(head, '|', 1, true)
     redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
