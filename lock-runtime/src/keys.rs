@@ -10,28 +10,35 @@ use crate::error::LockError;
 /// Longest lock name accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 
-/// Every Redis name one lock uses.
+/// Every Redis name one lock uses. Only the lock key is stored (a held lock
+/// keeps this for its lifetime); the others are derived when a script needs
+/// them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
     /// The lock itself: a string holding the holder's token, with the ttl.
     pub(crate) lock: String,
-    /// The last fencing token handed out (expires after a retention period).
-    pub(crate) fence: String,
-    /// The waiters in arrival order (a list of `<channel>|<token>`).
-    pub(crate) queue: String,
-    /// Each waiter's deadline to refresh its place (a sorted set).
-    pub(crate) waiters: String,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Result<LockKeys, LockError> {
-        let lock = lock_key(prefix, name)?;
         Ok(LockKeys {
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:queue"),
-            waiters: format!("{lock}:waiters"),
-            lock,
+            lock: lock_key(prefix, name)?,
         })
+    }
+
+    /// The last fencing token handed out (expires after a retention period).
+    pub(crate) fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+
+    /// The waiters in arrival order (a list of `<channel>|<token>`).
+    pub(crate) fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+
+    /// Each waiter's deadline to refresh its place (a sorted set).
+    pub(crate) fn waiters(&self) -> String {
+        format!("{}:waiters", self.lock)
     }
 }
 
@@ -73,7 +80,7 @@ mod tests {
     #[test]
     fn derived_keys_share_the_hash_tag() {
         let keys = super::LockKeys::new("lock:", "order:42").unwrap();
-        for key in [&keys.fence, &keys.queue, &keys.waiters] {
+        for key in [keys.fence(), keys.queue(), keys.waiters()] {
             assert!(key.starts_with("lock:{order:42}:"), "{key}");
         }
     }
