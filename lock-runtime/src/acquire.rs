@@ -190,9 +190,9 @@ impl Acquisition<'_> {
             .call(self.lock.name_str(), "acquire", async {
                 let (acquired, value): (i64, i64) = ACQUIRE
                     .key(&self.keys.lock)
-                    .key(&self.keys.fence())
-                    .key(&self.keys.queue())
-                    .key(&self.keys.waiters())
+                    .key(self.keys.fence())
+                    .key(self.keys.queue())
+                    .key(self.keys.waiters())
                     .arg(token)
                     .arg(self.ttl_ms)
                     .arg(retention_ms)
@@ -270,8 +270,8 @@ impl Drop for QueuePlace<'_> {
                 .call(&keys.lock, "leave the queue", async {
                     LEAVE
                         .key(&keys.lock)
-                        .key(&keys.queue())
-                        .key(&keys.waiters())
+                        .key(keys.queue())
+                        .key(keys.waiters())
                         .arg(&member)
                         .invoke_async::<i64>(&mut connection)
                         .await

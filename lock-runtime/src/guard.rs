@@ -35,8 +35,8 @@ async fn release(hold: &Hold) -> Result<(), LockError> {
         .call(&hold.name, "release", async {
             RELEASE
                 .key(&hold.keys.lock)
-                .key(&hold.keys.queue())
-                .key(&hold.keys.waiters())
+                .key(hold.keys.queue())
+                .key(hold.keys.waiters())
                 .arg(&hold.token)
                 .arg(keep_ms)
                 .invoke_async(&mut connection)
