@@ -64,8 +64,8 @@ async fn renewal_survives_a_script_cache_flush() {
     let sent = client.renewal_stats().renewals_sent;
     wait_for_renewals(&client, sent + 3).await;
     tokio::time::sleep(TTL * 2).await; // an observation window of two ttls
-    // Had the script not been loaded again, every renewal since the flush
-    // would have failed and the lock would have expired by now.
+                                       // Had the script not been loaded again, every renewal since the flush
+                                       // would have failed and the lock would have expired by now.
     let stats = client.renewal_stats();
     assert_eq!(stats.lost, 0, "{stats:?}");
     assert!(guard.is_held(), "{stats:?}");

@@ -34,7 +34,9 @@ local timeout = tonumber(ARGV[4])
 local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local now_ms = math.floor(now_us / 1000)
-local head = redis.call('LINDEX', KEYS[3], 0)
+-- an uncontended try (neither joining nor respecting the queue) skips it
+local head = false
+if ARGV[5] == '1' or ARGV[6] == '1' then head = redis.call('LINDEX', KEYS[3], 0) end
 while head and head ~= ARGV[7] do
   local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
   if expiry and expiry > now_ms then break end

@@ -1,0 +1,528 @@
+//! `lock-bench compare`: every implementation on the same Redis, in one run,
+//! and the results written into docs/benchmarks.md (between markers) with a
+//! plot of W3 hand-off latency (docs/w3-handoff.svg).
+
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use test_support::RedisServer;
+
+use crate::implementations::{attribute_pair, attribute_section, Kind, Locker};
+use crate::option;
+use crate::process_usage::redis_cpu;
+
+const W1_KINDS: [Kind; 4] = [
+    Kind::Manual,
+    Kind::Attribute,
+    Kind::HandWritten,
+    Kind::Rslock,
+];
+const W3_KINDS: [Kind; 6] = [
+    Kind::Manual,
+    Kind::ManualFair,
+    Kind::Attribute,
+    Kind::HandWritten,
+    Kind::Rslock,
+    Kind::RslockFast,
+];
+
+pub(crate) fn main(args: &[String]) -> ExitCode {
+    let scale: f64 = option(args, "--scale").map_or(1.0, |s| s.parse().expect("--scale"));
+    let write = !args.iter().any(|arg| arg == "--no-write");
+    let server = RedisServer::start();
+    lock_runtime::init(server.url()).expect("init");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut report = String::new();
+    report.push_str(&machine(&server));
+
+    let pairs = (20_000.0 * scale) as usize;
+    report.push_str(&format!(
+        "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence\n\n"
+    ));
+    report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs));
+    let reference = w1
+        .iter()
+        .find(|(kind, _)| *kind == Kind::HandWritten)
+        .unwrap()
+        .1
+        .rate;
+    for (kind, result) in &w1 {
+        report.push_str(&format!(
+            "| {} | {:.0} | {:.2} | {:.3} ms | {:.3} ms | {:.1} | {:.1} µs |\n",
+            kind.label(),
+            result.rate,
+            result.rate / reference,
+            result.p50.as_secs_f64() * 1e3,
+            result.p99.as_secs_f64() * 1e3,
+            result.commands,
+            result.redis_cpu.as_secs_f64() * 1e6,
+        ));
+    }
+    let ceiling = redis_benchmark(&server, 1, 1, pairs);
+    report.push_str(&format!(
+        "| redis-benchmark `-c 1`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | 2 | |\n",
+        ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
+    ));
+
+    let pairs = (50_000.0 * scale) as usize;
+    report.push_str(&format!(
+        "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs\n\n"
+    ));
+    report.push_str("| implementation | pairs/s | × hand-written |\n|---|---:|---:|\n");
+    let w2: Vec<(Kind, f64)> = W1_KINDS
+        .iter()
+        .map(|&kind| (kind, runtime.block_on(w2(&server, kind, pairs))))
+        .collect();
+    let reference = w2
+        .iter()
+        .find(|(kind, _)| *kind == Kind::HandWritten)
+        .unwrap()
+        .1;
+    for (kind, rate) in &w2 {
+        report.push_str(&format!(
+            "| {} | {:.0} | {:.2} |\n",
+            kind.label(),
+            rate,
+            rate / reference
+        ));
+    }
+    for (clients, pipeline) in [(50, 1), (50, 16)] {
+        let ceiling = redis_benchmark(&server, clients, pipeline, pairs);
+        report.push_str(&format!(
+            "| redis-benchmark `-c {clients} -P {pipeline}`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} |\n",
+            ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
+        ));
+    }
+
+    let sections = (2_000.0 * scale) as usize;
+    report.push_str(&format!(
+        "\n### W3: contended hand-off, 8 contenders (own connections; the attribute shares the process-wide client), {sections} sections of ~1 ms\n\n"
+    ));
+    report.push_str("| implementation | sections/s | × 1/(hold + 2 PING) | wait p50 / p99 / max | hand-off p50 / p99 | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    let rtt = runtime.block_on(ping_rtt(&server));
+    let mut plot = Vec::new();
+    for kind in W3_KINDS {
+        let result = runtime.block_on(w3(&server, kind, sections));
+        let bound = 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
+        report.push_str(&format!(
+            "| {} | {:.0} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
+            kind.label(),
+            result.rate,
+            result.rate / bound,
+            ms(result.wait[0]),
+            ms(result.wait[1]),
+            ms(result.wait[2]),
+            ms(result.handoff[0]),
+            ms(result.handoff[1]),
+            result.busiest * 100.0,
+            result.redis_cpu.as_secs_f64() * 1e6,
+            if result.counter_ok {
+                "exact"
+            } else {
+                "LOST UPDATES"
+            },
+        ));
+        plot.push((kind.label(), result.handoff));
+    }
+    report.push_str(&format!(
+        "\nPING round trip {} ms. Hand-off: from the holder sending its release to the next contender holding the lock ([plot](w3-handoff.svg)).\n",
+        ms(rtt)
+    ));
+    println!("{report}");
+    if write {
+        write_docs(&report, &svg(&plot));
+    }
+    ExitCode::SUCCESS
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.2}", duration.as_secs_f64() * 1e3)
+}
+
+fn percentile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * q).round() as usize]
+}
+
+fn machine(server: &RedisServer) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map(|name| name.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default();
+    let info = server.command(&["INFO", "server"]).unwrap_or_default();
+    let version = info
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .to_owned();
+    format!(
+        "Machine: {} × {cpu}; Redis {version} on loopback, persistence off; release build.\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )
+}
+
+/// Total commands Redis has run (INFO commandstats).
+fn commands(server: &RedisServer) -> u64 {
+    server
+        .command(&["INFO", "commandstats"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+struct Pairs {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    commands: f64,
+    redis_cpu: Duration,
+}
+
+/// W1 for every implementation, interleaved: 10 rounds, each running a
+/// tenth of the pairs of every implementation in turn, so that the machine's
+/// changing load falls on all of them alike.
+async fn w1_interleaved(server: &RedisServer, pairs: usize) -> Vec<(Kind, Pairs)> {
+    const ROUNDS: usize = 10;
+    let mut lockers = Vec::new();
+    for kind in W1_KINDS {
+        let key = format!("w1:{kind:?}");
+        let mut locker = Locker::new(kind, &server.url(), &key, false).await;
+        pair(&mut locker, &key).await; // warm up: connect, load scripts
+        lockers.push((
+            kind,
+            key,
+            locker,
+            Vec::with_capacity(pairs),
+            Duration::ZERO,
+            0u64,
+            Duration::ZERO,
+        ));
+    }
+    for _ in 0..ROUNDS {
+        for (_, key, locker, latencies, elapsed, commands_used, cpu) in &mut lockers {
+            let commands_before = commands(server);
+            let cpu_before = redis_cpu(server);
+            let started = Instant::now();
+            for _ in 0..pairs / ROUNDS {
+                let at = Instant::now();
+                pair(locker, key).await;
+                latencies.push(at.elapsed());
+            }
+            *elapsed += started.elapsed();
+            *cpu += redis_cpu(server) - cpu_before;
+            // The INFO call itself counts one command.
+            *commands_used += (commands(server) - commands_before).saturating_sub(1);
+        }
+    }
+    let done = (pairs / ROUNDS * ROUNDS) as f64;
+    lockers
+        .into_iter()
+        .map(|(kind, _, _, mut latencies, elapsed, commands_used, cpu)| {
+            let result = Pairs {
+                rate: done / elapsed.as_secs_f64(),
+                p50: percentile(&mut latencies, 0.5),
+                p99: percentile(&mut latencies, 0.99),
+                commands: commands_used as f64 / done,
+                redis_cpu: cpu / done as u32,
+            };
+            (kind, result)
+        })
+        .collect()
+}
+
+async fn pair(locker: &mut Locker, key: &str) {
+    if let Locker::Attribute = locker {
+        attribute_pair(key).await.expect("attribute pair");
+    } else {
+        let held = locker.lock().await;
+        locker.unlock(held).await;
+    }
+}
+
+async fn w2(server: &RedisServer, kind: Kind, pairs: usize) -> f64 {
+    const TASKS: usize = 50;
+    let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
+    let mut warm = shared.for_key("w2:warm");
+    pair(&mut warm, "w2:warm").await;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let key = format!("w2:{kind:?}:{task}");
+        let mut locker = shared.for_key(&key);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..pairs / TASKS {
+                pair(&mut locker, &key).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    (pairs / TASKS * TASKS) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// (SET NX PX per second, EVALSHA per second, the pairs per second they make).
+fn redis_benchmark(
+    server: &RedisServer,
+    clients: usize,
+    pipeline: usize,
+    requests: usize,
+) -> (f64, f64, f64) {
+    let sha = server
+        .command(&["SCRIPT", "LOAD", "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"])
+        .unwrap();
+    let sha = sha.split("\r\n").nth(1).unwrap_or_default().to_owned();
+    let port = server.port().to_string();
+    let (clients, pipeline, requests) = (
+        clients.to_string(),
+        pipeline.to_string(),
+        requests.to_string(),
+    );
+    let run = |command: &[&str]| -> f64 {
+        let output = Command::new("redis-benchmark")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-c",
+                &clients,
+                "-P",
+                &pipeline,
+                "-n",
+                &requests,
+                "-r",
+                "100000",
+                "-q",
+            ])
+            .args(command)
+            .output();
+        let text = output
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        // "...: 51546.39 requests per second, p50=0.503 msec" (after \r progress lines)
+        text.rsplit_once(" requests per second")
+            .and_then(|(before, _)| before.split_whitespace().last())
+            .and_then(|rate| rate.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let set = run(&["SET", "rb:__rand_int__", "token", "NX", "PX", "10000"]);
+    let evalsha = run(&["EVALSHA", &sha, "1", "rb:__rand_int__", "token"]);
+    (set, evalsha, 1.0 / (1.0 / set + 1.0 / evalsha))
+}
+
+async fn ping_rtt(server: &RedisServer) -> Duration {
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut rtts = Vec::new();
+    for _ in 0..1000 {
+        let sent = Instant::now();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        rtts.push(sent.elapsed());
+    }
+    percentile(&mut rtts, 0.5)
+}
+
+struct Contention {
+    rate: f64,
+    wait: [Duration; 3],
+    handoff: [Duration; 2],
+    busiest: f64,
+    mean_hold: Duration,
+    redis_cpu: Duration,
+    counter_ok: bool,
+}
+
+#[derive(Default)]
+struct Samples {
+    last_release: Option<Instant>,
+    waits: Vec<Duration>,
+    handoffs: Vec<Duration>,
+    holds: Vec<Duration>,
+}
+
+/// The critical section: a non-atomic GET / +1 / SET held ~1 ms.
+async fn section(
+    counter: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    acquired: Instant,
+    samples: &Mutex<Samples>,
+) {
+    {
+        let mut samples = samples.lock().unwrap();
+        if let Some(released) = samples.last_release {
+            samples
+                .handoffs
+                .push(acquired.saturating_duration_since(released));
+        }
+    }
+    let value: i64 = counter
+        .get::<_, Option<i64>>(key)
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    let rest = Duration::from_millis(1).saturating_sub(acquired.elapsed());
+    tokio::task::spawn_blocking(move || std::thread::sleep(rest))
+        .await
+        .unwrap();
+    let _: () = counter.set(key, value + 1).await.unwrap();
+    let mut samples = samples.lock().unwrap();
+    samples.holds.push(acquired.elapsed());
+    samples.last_release = Some(Instant::now());
+}
+
+async fn w3(server: &RedisServer, kind: Kind, sections: usize) -> Contention {
+    const CONTENDERS: usize = 8;
+    let key = format!("w3:{kind:?}");
+    let counter_key = format!("{key}:counter");
+    let claimed = Arc::new(AtomicUsize::new(0));
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let cpu_before = redis_cpu(server);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..CONTENDERS {
+        let mut locker = Locker::new(kind, &server.url(), &key, true).await;
+        let mut counter = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let (claimed, samples, key, counter_key) = (
+            Arc::clone(&claimed),
+            Arc::clone(&samples),
+            key.clone(),
+            counter_key.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0usize;
+            while claimed.fetch_add(1, Ordering::SeqCst) < sections {
+                let requested = Instant::now();
+                if let Locker::Attribute = locker {
+                    let (samples, counter) = (&samples, &mut counter);
+                    let counter_key = &counter_key;
+                    attribute_section(&key, async move {
+                        let acquired = Instant::now();
+                        samples.lock().unwrap().waits.push(acquired - requested);
+                        section(counter, counter_key, acquired, samples).await;
+                    })
+                    .await
+                    .expect("attribute section");
+                } else {
+                    let held = locker.lock().await;
+                    let acquired = Instant::now();
+                    samples.lock().unwrap().waits.push(acquired - requested);
+                    section(&mut counter, &counter_key, acquired, &samples).await;
+                    locker.unlock(held).await;
+                }
+                mine += 1;
+            }
+            mine
+        }));
+    }
+    let mut per_contender = Vec::new();
+    for task in tasks {
+        per_contender.push(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let redis_cpu = (redis_cpu(server) - cpu_before) / sections as u32;
+    let counter: i64 = server
+        .command(&["GET", &counter_key])
+        .ok()
+        .and_then(|reply| reply.split("\r\n").nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let mut samples = samples.lock().unwrap();
+    let mean_hold = samples.holds.iter().sum::<Duration>() / samples.holds.len() as u32;
+    let mut waits = std::mem::take(&mut samples.waits);
+    let mut handoffs = std::mem::take(&mut samples.handoffs);
+    Contention {
+        rate: sections as f64 / elapsed,
+        wait: [
+            percentile(&mut waits, 0.5),
+            percentile(&mut waits, 0.99),
+            percentile(&mut waits, 1.0),
+        ],
+        handoff: [
+            percentile(&mut handoffs, 0.5),
+            percentile(&mut handoffs, 0.99),
+        ],
+        busiest: *per_contender.iter().max().unwrap() as f64 / sections as f64,
+        mean_hold,
+        redis_cpu,
+        counter_ok: counter == sections as i64,
+    }
+}
+
+const BEGIN: &str = "<!-- lock-bench compare: begin -->";
+const END: &str = "<!-- lock-bench compare: end -->";
+
+/// Replaces the results between the markers of docs/benchmarks.md and
+/// writes the plot beside it.
+fn write_docs(report: &str, svg: &str) {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let page = docs.join("benchmarks.md");
+    let text = std::fs::read_to_string(&page).unwrap_or_default();
+    let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
+        eprintln!("docs/benchmarks.md has no {BEGIN} ... {END} markers; not written");
+        return;
+    };
+    let updated = format!("{}{BEGIN}\n{report}\n{}", &text[..begin], &text[end..]);
+    std::fs::write(&page, updated).expect("write docs/benchmarks.md");
+    std::fs::write(docs.join("w3-handoff.svg"), svg).expect("write docs/w3-handoff.svg");
+    println!("wrote docs/benchmarks.md and docs/w3-handoff.svg");
+}
+
+/// A horizontal bar chart, log scale: hand-off p50 and p99 per implementation.
+fn svg(rows: &[(&str, [Duration; 2])]) -> String {
+    let (width, left, row_height, top) = (900.0, 300.0, 34.0, 40.0);
+    let height = top + row_height * rows.len() as f64 + 40.0;
+    // Log scale from 0.1 ms to the largest p99 (at least 10 ms).
+    let max_ms = rows
+        .iter()
+        .map(|(_, [_, p99])| p99.as_secs_f64() * 1e3)
+        .fold(10.0_f64, f64::max);
+    let x = |ms: f64| {
+        left + (ms.max(0.1) / 0.1).log10() / (max_ms / 0.1).log10() * (width - left - 20.0)
+    };
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\">W3 hand-off latency, release to next acquisition (log scale; dark: p50, light: p99)</text>\n"
+    );
+    let mut tick = 0.1;
+    while tick <= max_ms * 1.001 {
+        let tx = x(tick);
+        out.push_str(&format!(
+            "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{tick} ms</text>\n",
+            height - 30.0,
+            height - 14.0
+        ));
+        tick *= 10.0;
+    }
+    for (i, (label, [p50, p99])) in rows.iter().enumerate() {
+        let y = top + row_height * i as f64 + 6.0;
+        let (p50, p99) = (p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3);
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>\n<rect x=\"{left}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"20\" fill=\"#9ecae1\"/>\n<rect x=\"{left}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"20\" fill=\"#3182bd\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{p50:.2} / {p99:.2} ms</text>\n",
+            left - 8.0,
+            y + 15.0,
+            x(p99) - left,
+            x(p50) - left,
+            x(p99) + 6.0,
+            y + 15.0
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}

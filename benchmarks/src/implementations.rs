@@ -1,0 +1,217 @@
+//! The lock implementations the comparison runs, behind one small interface.
+
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, Client, Config, Lock, LockError, LockGuard};
+use redis::aio::MultiplexedConnection;
+
+/// What is compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// This project, manual API, each contender its own client.
+    Manual,
+    /// This project, manual API, `fair`.
+    ManualFair,
+    /// This project, the attribute (process-wide client).
+    Attribute,
+    /// The same operations written directly with the `redis` crate: SET NX PX,
+    /// EVALSHA compare-and-delete; when busy, retry after 1 ms.
+    HandWritten,
+    /// rslock with its defaults (3 tries, 0–200 ms random delay, then again).
+    Rslock,
+    /// rslock with its smallest retry delay (1 ms).
+    RslockFast,
+}
+
+impl Kind {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Manual => "this project, manual API",
+            Kind::ManualFair => "this project, manual API, fair",
+            Kind::Attribute => "this project, #[distributed_lock]",
+            Kind::HandWritten => "hand-written redis crate (floor)",
+            Kind::Rslock => "rslock, defaults",
+            Kind::RslockFast => "rslock, 1 ms retry delay",
+        }
+    }
+}
+
+const TTL: Duration = Duration::from_secs(10);
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// One contender's connection to Redis, per implementation.
+pub(crate) enum Locker {
+    Ours {
+        client: Client,
+        key: String,
+        fair: bool,
+        wait: bool,
+    },
+    Attribute,
+    HandWritten {
+        connection: MultiplexedConnection,
+        script: redis::Script,
+        key: String,
+        counter: u64,
+    },
+    Rslock(rslock::LockManager, String),
+}
+
+/// A held lock, per implementation.
+pub(crate) enum Held {
+    Ours(LockGuard),
+    HandWritten(String),
+    Rslock(rslock::LockGuard),
+}
+
+impl Locker {
+    /// A contender for `key`. `wait` asks the waiting variant (W3).
+    pub(crate) async fn new(kind: Kind, url: &str, key: &str, wait: bool) -> Locker {
+        match kind {
+            Kind::Manual | Kind::ManualFair => Locker::Ours {
+                client: Client::new(Config::new(url)).expect("client"),
+                key: key.to_owned(),
+                fair: kind == Kind::ManualFair,
+                wait,
+            },
+            Kind::Attribute => Locker::Attribute,
+            Kind::HandWritten => Locker::HandWritten {
+                connection: redis::Client::open(url)
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap(),
+                script: redis::Script::new(RELEASE),
+                key: key.to_owned(),
+                counter: 0,
+            },
+            Kind::Rslock | Kind::RslockFast => {
+                let mut manager = rslock::LockManager::new(vec![url.to_owned()]);
+                if kind == Kind::RslockFast {
+                    manager.set_retry(3, Duration::from_millis(1));
+                }
+                Locker::Rslock(manager, key.to_owned())
+            }
+        }
+    }
+
+    /// The same locker (sharing its client or connection) for another key.
+    pub(crate) fn for_key(&self, key: &str) -> Locker {
+        match self {
+            Locker::Ours {
+                client, fair, wait, ..
+            } => Locker::Ours {
+                client: client.clone(),
+                key: key.to_owned(),
+                fair: *fair,
+                wait: *wait,
+            },
+            Locker::Attribute => Locker::Attribute,
+            Locker::HandWritten {
+                connection, script, ..
+            } => Locker::HandWritten {
+                connection: connection.clone(),
+                script: script.clone(),
+                key: key.to_owned(),
+                counter: 0,
+            },
+            Locker::Rslock(manager, _) => Locker::Rslock(manager.clone(), key.to_owned()),
+        }
+    }
+
+    /// Takes the lock (waiting if the locker waits) and returns it.
+    pub(crate) async fn lock(&mut self) -> Held {
+        match self {
+            Locker::Ours {
+                client,
+                key,
+                fair,
+                wait,
+            } => {
+                let mut lock = Lock::new(key.as_str()).ttl(TTL).client(client.clone());
+                if *wait {
+                    lock = lock.wait(Duration::from_secs(120));
+                }
+                if *fair {
+                    lock = lock.fair();
+                }
+                Held::Ours(lock.acquire().await.expect("acquire"))
+            }
+            Locker::Attribute => unreachable!("the attribute runs its body itself"),
+            Locker::HandWritten {
+                connection,
+                key,
+                counter,
+                ..
+            } => {
+                *counter += 1;
+                let token = format!("{:016x}{counter:016x}", std::process::id());
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&*key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(10_000)
+                        .query_async(connection)
+                        .await
+                        .expect("SET");
+                    if set.is_some() {
+                        return Held::HandWritten(token);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            Locker::Rslock(manager, key) => Held::Rslock(
+                manager
+                    .acquire(key.as_bytes(), TTL)
+                    .await
+                    .expect("rslock acquire"),
+            ),
+        }
+    }
+
+    pub(crate) async fn unlock(&mut self, held: Held) {
+        match (self, held) {
+            (Locker::Ours { .. }, Held::Ours(guard)) => guard.release().await.expect("release"),
+            (
+                Locker::HandWritten {
+                    connection,
+                    script,
+                    key,
+                    ..
+                },
+                Held::HandWritten(token),
+            ) => {
+                let _: i64 = script
+                    .key(&*key)
+                    .arg(token)
+                    .invoke_async(connection)
+                    .await
+                    .expect("release");
+            }
+            (Locker::Rslock(..), Held::Rslock(guard)) => guard.release().await,
+            _ => unreachable!("held by another implementation"),
+        }
+    }
+}
+
+/// The attribute's lock + unlock with an empty body (W1, W2).
+#[distributed_lock(key = "<key>", ttl = "10s")]
+pub(crate) async fn attribute_pair(key: &str) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// The attribute's contended section (W3): `body` runs under the lock.
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "120s")]
+pub(crate) async fn attribute_section<F: std::future::Future<Output = ()>>(
+    key: &str,
+    body: F,
+) -> Result<(), LockError> {
+    body.await;
+    Ok(())
+}
