@@ -67,3 +67,25 @@ fn nested_and_recursive_calls_reenter() {
         assert_eq!(redis(&server, &["EXISTS", "lock:{tree:root}"]), ":0\r\n");
     });
 }
+
+#[test]
+fn handles_that_outlive_the_hold_see_it_released() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = lock_runtime::Client::new(lock_runtime::Config::new(server.url())).unwrap();
+        let lock = Lock::new("escaped").client(client);
+        let outer = lock.acquire().await.unwrap();
+        let (inner, seen) = outer
+            .run(async { (lock.acquire().await.unwrap(), current().unwrap()) })
+            .await
+            .unwrap();
+        assert!(inner.is_reentrant() && inner.is_held() && seen.is_held());
+        outer.release().await.unwrap();
+        assert!(
+            !inner.is_held() && !seen.is_held(),
+            "the outer hold was released"
+        );
+        assert_eq!(inner.lost_cause(), Some(lock_runtime::LostCause::Released));
+    });
+}

@@ -60,7 +60,7 @@ impl Acquisition<'_> {
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
         let token = new_token()?;
         let sent_at = Instant::now();
-        let respect = self.respects_queue();
+        let respect = self.lock.settings().fair;
         match self.attempt(&token, "", false, respect).await? {
             Attempt::Acquired(fence) => Ok(self.guard(token, sent_at, fence)),
             Attempt::Busy(_) => Err(LockError::Busy {
@@ -116,8 +116,10 @@ impl Acquisition<'_> {
             if subscription.is_none() {
                 // Listen for releases, then try again at once: a release
                 // between the attempt above and the subscription is not lost.
+                // Not longer than a refresh interval, so the place just
+                // taken in the queue cannot expire meanwhile.
                 let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
-                subscription = Some(notifier.subscribe(&token, left).await);
+                subscription = Some(notifier.subscribe(&token, left.min(QUEUE_REFRESH)).await);
                 continue;
             }
             // A holder that just handed over lets its waiter go first only

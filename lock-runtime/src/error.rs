@@ -17,6 +17,9 @@ pub enum LostCause {
     NotRenewed,
     /// `max_hold` was reached: renewals stopped and the ttl ran out.
     MaxHold,
+    /// The outermost holder released it (seen by a reentrant guard or a
+    /// `current()` handle that outlived the hold).
+    Released,
 }
 
 impl LostCause {
@@ -26,6 +29,7 @@ impl LostCause {
             LostCause::TakenOver => 2,
             LostCause::NotRenewed => 3,
             LostCause::MaxHold => 4,
+            LostCause::Released => 5,
         }
     }
 
@@ -34,7 +38,8 @@ impl LostCause {
             1 => LostCause::Expired,
             2 => LostCause::TakenOver,
             3 => LostCause::NotRenewed,
-            _ => LostCause::MaxHold,
+            4 => LostCause::MaxHold,
+            _ => LostCause::Released,
         }
     }
 }
@@ -49,6 +54,7 @@ impl std::fmt::Display for LostCause {
                  or this process was paused)"
             }
             LostCause::MaxHold => "`max_hold` was reached, so renewals stopped and its ttl ran out",
+            LostCause::Released => "its outermost holder released it",
         })
     }
 }

@@ -193,6 +193,7 @@ impl LockGuard {
         // Only now is the guard disarmed: a cancelled release above drops
         // `self` still armed, and Drop releases in the background.
         self.armed = false;
+        hold.mark_released();
         result
     }
 }
@@ -209,7 +210,9 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.renewal.take();
         if self.armed {
-            spawn_release(Arc::clone(self.hold()));
+            let hold = Arc::clone(self.hold());
+            spawn_release(Arc::clone(&hold));
+            hold.mark_released();
         }
     }
 }

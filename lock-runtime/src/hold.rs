@@ -152,6 +152,18 @@ impl Hold {
         self.wake();
     }
 
+    /// The outermost holder released (or dropped) the lock: handles that
+    /// outlive it see it as no longer held. Not an error, so not logged.
+    pub(crate) fn mark_released(&self) {
+        let _ = self.lost.compare_exchange(
+            0,
+            LostCause::Released.code(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.wake();
+    }
+
     pub(crate) fn mark_max_hold_reached(&self) {
         self.max_hold_reached.store(true, Ordering::Release);
     }

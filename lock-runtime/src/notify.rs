@@ -158,6 +158,19 @@ impl Notifier {
     }
 }
 
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        // The task would otherwise wait on a channel nobody publishes to.
+        let task = self
+            .task
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(task) = task.take() {
+            task.abort();
+        }
+    }
+}
+
 /// The connection task: (re)connects, subscribes to the client's channel and
 /// dispatches messages. Ends when its client is gone.
 async fn run(notifier: Weak<Notifier>) {
@@ -179,8 +192,17 @@ async fn run(notifier: Weak<Notifier>) {
                     tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
                 }
                 failures += 1;
-                if this.waiters().is_empty() {
-                    return; // restarted by the next waiter
+                {
+                    // Decided under the task lock: a waiter registering now
+                    // either is seen here or finds no task and starts one.
+                    let mut task = this
+                        .task
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if this.waiters().is_empty() {
+                        *task = None;
+                        return;
+                    }
                 }
                 drop(this);
                 tokio::time::sleep(Duration::from_millis(200)).await;
