@@ -7,14 +7,20 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock};
 
-/// Acquire-script calls Redis has run so far.
-fn acquire_calls(server: &RedisServer) -> u64 {
+/// Calls of `command` Redis has run so far (those made by scripts included).
+fn calls(server: &RedisServer, command: &str) -> u64 {
     let stats = redis(server, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
     stats
         .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Acquire-script calls Redis has run so far.
+fn acquire_calls(server: &RedisServer) -> u64 {
+    calls(server, "evalsha")
 }
 
 fn queued(server: &RedisServer, key: &str) -> bool {
@@ -155,10 +161,14 @@ fn fair_waiters_get_the_lock_in_arrival_order() {
         });
     }
     let started = Instant::now();
+    let published = calls(&server, "publish");
     holder.send("release");
     for waiter in &mut waiters {
         assert_eq!(waiter.line(LINE_TIMEOUT), "done");
     }
+    // Each release woke the next in line with one message (each waiter
+    // that took the lock with others still queued was marked as queued).
+    assert_eq!(calls(&server, "publish") - published, WAITERS as u64);
     let order = redis(&server, &["LRANGE", "order", "0", "-1"]);
     let order: Vec<usize> = order
         .split("\r\n")
@@ -196,4 +206,43 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
             && redis(&server, &["EXISTS", "lock:{busy}:waiters"]) == ":0\r\n"
     })
     .await;
+}
+
+#[test]
+fn a_lock_taken_ahead_of_the_queue_still_wakes_it() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(async { Client::new(Config::new(server.url())).unwrap() });
+    let lock = Lock::new("ahead")
+        .ttl(Duration::from_secs(30))
+        .client(client);
+    let first = runtime.block_on(lock.acquire()).unwrap();
+    let mut waiter = worker(&server, &["wait", "ahead", "w"]);
+    wait_until("the waiter queued", LINE_TIMEOUT, || {
+        queued(&server, "ahead")
+    });
+    let held = || value(&redis(&server, &["GET", "lock:{ahead}"])).unwrap_or_default();
+    assert_eq!(
+        held(),
+        format!("{}|q", first.token()),
+        "a waiter queueing marks the holder"
+    );
+    // While the waiter sleeps, the first holder's key goes (as at its
+    // expiry) and a newcomer takes the free lock with a plain SET: unmarked.
+    waiter.pause();
+    redis(&server, &["DEL", "lock:{ahead}"]);
+    let newcomer = runtime.block_on(lock.try_acquire()).unwrap();
+    assert_eq!(held(), newcomer.token());
+    waiter.resume();
+    // The waiter's next attempt (its queue refresh) marks the newcomer...
+    wait_until("the newcomer marked", LINE_TIMEOUT, || {
+        held() == format!("{}|q", newcomer.token())
+    });
+    // ... whose release then wakes it: one message, and the lock is its.
+    let published = calls(&server, "publish");
+    runtime.block_on(newcomer.release()).unwrap();
+    assert_eq!(waiter.line(LINE_TIMEOUT), "done");
+    assert_eq!(calls(&server, "publish") - published, 1);
+    let lost = runtime.block_on(first.release()).unwrap_err();
+    assert!(lost.is_lost(), "{lost:?}");
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use lock_runtime::{current, distributed_lock, Lock, LockError};
 
-#[distributed_lock(key = "account:<id>", ttl = "10s")]
-async fn outer(id: u32, port: u16) -> Result<(u64, u64, bool), LockError> {
+#[distributed_lock(key = "account:<id>", ttl = "10s", fencing)]
+async fn outer(id: u32, port: u16) -> Result<(Option<u64>, Option<u64>, bool), LockError> {
     let fence = current().unwrap().fencing_token();
+    assert!(fence.is_some());
     // The same key from another task is excluded during the whole hold.
     let lock = Lock::new(format!("account:{id}"));
     let other_task = tokio::spawn(async move { lock.try_acquire().await.map(drop) })
@@ -33,8 +34,8 @@ async fn outer(id: u32, port: u16) -> Result<(u64, u64, bool), LockError> {
     Ok((fence, inner_fence, excluded))
 }
 
-#[distributed_lock(key = "account:<id>", ttl = "1s", wait = "5s")]
-async fn inner(id: u32) -> Result<u64, LockError> {
+#[distributed_lock(key = "account:<id>", ttl = "1s", wait = "5s", fencing)]
+async fn inner(id: u32) -> Result<Option<u64>, LockError> {
     // The manual API inside re-enters too; its release is a no-op.
     let guard = Lock::new(format!("account:{id}")).try_acquire().await?;
     assert!(guard.is_reentrant());
@@ -87,5 +88,43 @@ fn handles_that_outlive_the_hold_see_it_released() {
             "the outer hold was released"
         );
         assert_eq!(inner.lost_cause(), Some(lock_runtime::LostCause::Released));
+    });
+}
+
+#[test]
+fn fencing_is_issued_only_when_asked_and_reentry_cannot_invent_one() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = lock_runtime::Client::new(lock_runtime::Config::new(server.url())).unwrap();
+        let plain = Lock::new("invoice:9").client(client.clone());
+        let outer = plain.acquire().await.unwrap();
+        assert_eq!(outer.fencing_token(), None);
+        assert_eq!(
+            redis(&server, &["EXISTS", "lock:{invoice:9}:fence"]),
+            ":0\r\n",
+            "a lock taken without fencing touches no fence key"
+        );
+        // An inner entry asking for a token its outer hold never got fails
+        // rather than hand out none.
+        let inner = outer.run(plain.clone().fencing().acquire()).await.unwrap();
+        match inner {
+            Err(LockError::Config { message }) => {
+                assert!(
+                    message.contains("add `fencing` to the outer lock"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        outer.release().await.unwrap();
+
+        let fenced = plain.fencing();
+        let first = fenced.acquire().await.unwrap();
+        let first_token = first.fencing_token().expect("taken with fencing");
+        first.release().await.unwrap();
+        let second = fenced.acquire().await.unwrap();
+        assert!(second.fencing_token().expect("taken with fencing") > first_token);
+        second.release().await.unwrap();
     });
 }

@@ -27,6 +27,7 @@
 //!   body takes 100 ms; prints `ran` or `busy`.
 //! - `fair-wait KEY ID`: waits for the fair lock; once it has it, appends ID
 //!   to the list `order`, releases, and prints `done`.
+//! - `wait KEY ID`: the same without `fair`.
 
 use std::time::Duration;
 
@@ -59,7 +60,8 @@ async fn main() {
         ["contend", key, millis] => contend(key, parse(millis)).await,
         ["fenced-writer", key, ttl_ms] => fenced_writer(key, parse(ttl_ms)).await,
         ["quick-job", key] => quick_job(key).await,
-        ["fair-wait", key, id] => fair_wait(key, id).await,
+        ["fair-wait", key, id] => wait_in_line(key, id, true).await,
+        ["wait", key, id] => wait_in_line(key, id, false).await,
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }
@@ -108,13 +110,14 @@ async fn increment(redis: &mut Redis, counter: &str) {
     let _: () = redis.set(counter, value + 1).await.unwrap();
 }
 
-#[distributed_lock(key = "<key>", ttl = "10s", wait = "60s")]
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "60s", fencing)]
 async fn locked_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
     increment(redis, counter).await;
     // The fencing tokens in the order the bodies ran.
     let fence = lock_runtime::current()
         .expect("inside the body")
-        .fencing_token();
+        .fencing_token()
+        .expect("taken with fencing");
     let _: i64 = redis
         .rpush(format!("{counter}:fences"), fence)
         .await
@@ -290,10 +293,11 @@ return 1
 async fn fenced_writer(key: &str, ttl_ms: u64) {
     let guard = Lock::new(key)
         .ttl(Duration::from_millis(ttl_ms))
+        .fencing()
         .acquire()
         .await
         .expect("fenced-writer: acquire");
-    let fence = guard.fencing_token();
+    let fence = guard.fencing_token().expect("taken with fencing");
     say(&format!("held {fence}"));
     assert_eq!(next_line().await, "write");
     let mut redis = bookkeeping().await;
@@ -327,16 +331,16 @@ async fn quick_job(key: &str) {
     }
 }
 
-async fn fair_wait(key: &str, id: &str) {
-    let guard = Lock::new(key)
+async fn wait_in_line(key: &str, id: &str, fair: bool) {
+    let mut lock = Lock::new(key)
         .ttl(Duration::from_secs(10))
-        .fair()
-        .wait(Duration::from_secs(60))
-        .acquire()
-        .await
-        .expect("fair-wait: acquire");
+        .wait(Duration::from_secs(60));
+    if fair {
+        lock = lock.fair();
+    }
+    let guard = lock.acquire().await.expect("wait: acquire");
     let mut redis = bookkeeping().await;
     let _: i64 = redis.rpush("order", id).await.unwrap();
-    guard.release().await.expect("fair-wait: release");
+    guard.release().await.expect("wait: release");
     say("done");
 }

@@ -31,107 +31,122 @@ const W3_KINDS: [Kind; 6] = [
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
     let scale: f64 = option(args, "--scale").map_or(1.0, |s| s.parse().expect("--scale"));
-    let write = !args.iter().any(|arg| arg == "--no-write");
+    let only = option(args, "--only");
+    let runs = |part: &str| {
+        only.as_deref()
+            .is_none_or(|only| only.split(',').any(|p| p == part))
+    };
+    // `--kinds manual,handwritten`: only these implementations (for profiling).
+    let kinds = option(args, "--kinds");
+    let picked = |kind: &Kind| {
+        kinds.as_deref().is_none_or(|kinds| {
+            kinds
+                .split(',')
+                .any(|k| k.eq_ignore_ascii_case(&format!("{kind:?}")))
+        })
+    };
+    // A partial run does not replace the published tables.
+    let write = only.is_none() && kinds.is_none() && !args.iter().any(|arg| arg == "--no-write");
     let server = RedisServer::start();
     lock_runtime::init(server.url()).expect("init");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut report = String::new();
     report.push_str(&machine(&server));
 
-    let pairs = (20_000.0 * scale) as usize;
-    report.push_str(&format!(
-        "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence\n\n"
-    ));
-    report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
-    let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs));
-    let reference = w1
-        .iter()
-        .find(|(kind, _)| *kind == Kind::HandWritten)
-        .unwrap()
-        .1
-        .rate;
-    for (kind, result) in &w1 {
+    if runs("w1") {
+        let pairs = (20_000.0 * scale) as usize;
         report.push_str(&format!(
-            "| {} | {:.0} | {:.2} | {:.3} ms | {:.3} ms | {:.1} | {:.1} µs |\n",
-            kind.label(),
-            result.rate,
-            result.rate / reference,
-            result.p50.as_secs_f64() * 1e3,
-            result.p99.as_secs_f64() * 1e3,
-            result.commands,
-            result.redis_cpu.as_secs_f64() * 1e6,
+            "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence\n\n"
         ));
-    }
-    let ceiling = redis_benchmark(&server, 1, 1, pairs);
-    report.push_str(&format!(
+        report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs, &picked));
+        let reference = w1
+            .iter()
+            .find(|(kind, _)| *kind == Kind::HandWritten)
+            .map_or(f64::NAN, |(_, result)| result.rate);
+        for (kind, result) in &w1 {
+            report.push_str(&format!(
+                "| {} | {:.0} | {:.2} | {:.3} ms | {:.3} ms | {:.1} | {:.1} µs |\n",
+                kind.label(),
+                result.rate,
+                result.rate / reference,
+                result.p50.as_secs_f64() * 1e3,
+                result.p99.as_secs_f64() * 1e3,
+                result.commands,
+                result.redis_cpu.as_secs_f64() * 1e6,
+            ));
+        }
+        let ceiling = redis_benchmark(&server, 1, 1, pairs);
+        report.push_str(&format!(
         "| redis-benchmark `-c 1`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | 2 | |\n",
         ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
     ));
-
-    let pairs = (50_000.0 * scale) as usize;
-    report.push_str(&format!(
-        "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs\n\n"
-    ));
-    report.push_str("| implementation | pairs/s | × hand-written |\n|---|---:|---:|\n");
-    let w2: Vec<(Kind, f64)> = W1_KINDS
-        .iter()
-        .map(|&kind| (kind, runtime.block_on(w2(&server, kind, pairs))))
-        .collect();
-    let reference = w2
-        .iter()
-        .find(|(kind, _)| *kind == Kind::HandWritten)
-        .unwrap()
-        .1;
-    for (kind, rate) in &w2 {
-        report.push_str(&format!(
-            "| {} | {:.0} | {:.2} |\n",
-            kind.label(),
-            rate,
-            rate / reference
-        ));
     }
-    for (clients, pipeline) in [(50, 1), (50, 16)] {
-        let ceiling = redis_benchmark(&server, clients, pipeline, pairs);
+
+    if runs("w2") {
+        let pairs = (50_000.0 * scale) as usize;
         report.push_str(&format!(
+            "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs (interleaved in 10 rounds)\n\n"
+        ));
+        report.push_str("| implementation | pairs/s | × hand-written |\n|---|---:|---:|\n");
+        let w2 = runtime.block_on(w2_interleaved(&server, pairs, &picked));
+        let reference = w2
+            .iter()
+            .find(|(kind, _)| *kind == Kind::HandWritten)
+            .map_or(f64::NAN, |(_, rate)| *rate);
+        for (kind, rate) in &w2 {
+            report.push_str(&format!(
+                "| {} | {:.0} | {:.2} |\n",
+                kind.label(),
+                rate,
+                rate / reference
+            ));
+        }
+        for (clients, pipeline) in [(50, 1), (50, 16)] {
+            let ceiling = redis_benchmark(&server, clients, pipeline, pairs);
+            report.push_str(&format!(
             "| redis-benchmark `-c {clients} -P {pipeline}`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} |\n",
             ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
         ));
+        }
     }
 
-    let sections = (2_000.0 * scale) as usize;
-    report.push_str(&format!(
+    let mut plot = Vec::new();
+    if runs("w3") {
+        let sections = (2_000.0 * scale) as usize;
+        report.push_str(&format!(
         "\n### W3: contended hand-off, 8 contenders (own connections; the attribute shares the process-wide client), {sections} sections of ~1 ms\n\n"
     ));
-    report.push_str("| implementation | sections/s | × 1/(hold + 2 PING) | wait p50 / p99 / max | hand-off p50 / p99 | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
-    let rtt = runtime.block_on(ping_rtt(&server));
-    let mut plot = Vec::new();
-    for kind in W3_KINDS {
-        let result = runtime.block_on(w3(&server, kind, sections));
-        let bound = 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
+        report.push_str("| implementation | sections/s | × 1/(hold + 2 PING) | wait p50 / p99 / max | hand-off p50 / p99 | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        let rtt = runtime.block_on(ping_rtt(&server));
+        for kind in W3_KINDS.into_iter().filter(picked) {
+            let result = runtime.block_on(w3(&server, kind, sections));
+            let bound = 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
+            report.push_str(&format!(
+                "| {} | {:.0} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
+                kind.label(),
+                result.rate,
+                result.rate / bound,
+                ms(result.wait[0]),
+                ms(result.wait[1]),
+                ms(result.wait[2]),
+                ms(result.handoff[0]),
+                ms(result.handoff[1]),
+                result.busiest * 100.0,
+                result.redis_cpu.as_secs_f64() * 1e6,
+                if result.counter_ok {
+                    "exact"
+                } else {
+                    "LOST UPDATES"
+                },
+            ));
+            plot.push((kind.label(), result.handoff));
+        }
         report.push_str(&format!(
-            "| {} | {:.0} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
-            kind.label(),
-            result.rate,
-            result.rate / bound,
-            ms(result.wait[0]),
-            ms(result.wait[1]),
-            ms(result.wait[2]),
-            ms(result.handoff[0]),
-            ms(result.handoff[1]),
-            result.busiest * 100.0,
-            result.redis_cpu.as_secs_f64() * 1e6,
-            if result.counter_ok {
-                "exact"
-            } else {
-                "LOST UPDATES"
-            },
-        ));
-        plot.push((kind.label(), result.handoff));
-    }
-    report.push_str(&format!(
         "\nPING round trip {} ms. Hand-off: from the holder sending its release to the next contender holding the lock ([plot](w3-handoff.svg)).\n",
         ms(rtt)
     ));
+    }
     println!("{report}");
     if write {
         write_docs(&report, &svg(&plot));
@@ -189,10 +204,14 @@ struct Pairs {
 /// W1 for every implementation, interleaved: 10 rounds, each running a
 /// tenth of the pairs of every implementation in turn, so that the machine's
 /// changing load falls on all of them alike.
-async fn w1_interleaved(server: &RedisServer, pairs: usize) -> Vec<(Kind, Pairs)> {
+async fn w1_interleaved(
+    server: &RedisServer,
+    pairs: usize,
+    picked: &impl Fn(&Kind) -> bool,
+) -> Vec<(Kind, Pairs)> {
     const ROUNDS: usize = 10;
     let mut lockers = Vec::new();
-    for kind in W1_KINDS {
+    for kind in W1_KINDS.into_iter().filter(picked) {
         let key = format!("w1:{kind:?}");
         let mut locker = Locker::new(kind, &server.url(), &key, false).await;
         pair(&mut locker, &key).await; // warm up: connect, load scripts
@@ -247,26 +266,48 @@ async fn pair(locker: &mut Locker, key: &str) {
     }
 }
 
-async fn w2(server: &RedisServer, kind: Kind, pairs: usize) -> f64 {
+/// W2 for every implementation, interleaved like W1: in each of 10 rounds,
+/// every implementation runs 50 tasks (each on its own key, all sharing
+/// one client or connection) for a tenth of the pairs.
+async fn w2_interleaved(
+    server: &RedisServer,
+    pairs: usize,
+    picked: &impl Fn(&Kind) -> bool,
+) -> Vec<(Kind, f64)> {
+    const ROUNDS: usize = 10;
     const TASKS: usize = 50;
-    let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
-    let mut warm = shared.for_key("w2:warm");
-    pair(&mut warm, "w2:warm").await;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for task in 0..TASKS {
-        let key = format!("w2:{kind:?}:{task}");
-        let mut locker = shared.for_key(&key);
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..pairs / TASKS {
-                pair(&mut locker, &key).await;
+    let per_task = pairs / ROUNDS / TASKS;
+    let mut lockers = Vec::new();
+    for kind in W1_KINDS.into_iter().filter(picked) {
+        let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
+        let mut warm = shared.for_key("w2:warm");
+        pair(&mut warm, "w2:warm").await;
+        lockers.push((kind, shared, Duration::ZERO));
+    }
+    for _ in 0..ROUNDS {
+        for (kind, shared, elapsed) in &mut lockers {
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for task in 0..TASKS {
+                let key = format!("w2:{kind:?}:{task}");
+                let mut locker = shared.for_key(&key);
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..per_task {
+                        pair(&mut locker, &key).await;
+                    }
+                }));
             }
-        }));
+            for task in tasks {
+                task.await.unwrap();
+            }
+            *elapsed += started.elapsed();
+        }
     }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    (pairs / TASKS * TASKS) as f64 / started.elapsed().as_secs_f64()
+    let done = (per_task * TASKS * ROUNDS) as f64;
+    lockers
+        .into_iter()
+        .map(|(kind, _, elapsed)| (kind, done / elapsed.as_secs_f64()))
+        .collect()
 }
 
 /// (SET NX PX per second, EVALSHA per second, the pairs per second they make).

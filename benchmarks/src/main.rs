@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
 //! cargo run --release -p lock-bench -- handoff [--contenders 8] [--sections 2000] [--hold-ms 1]
-//! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write]
+//! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3] [--kinds manual,handwritten]
 //! ```
 
 mod compare;

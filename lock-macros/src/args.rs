@@ -8,7 +8,7 @@ use syn::LitStr;
 use crate::duration::parse_duration;
 
 const ARGUMENTS: &str =
-    "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair` or `hold_at_least`";
+    "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, `fencing` or `hold_at_least`";
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
@@ -20,6 +20,7 @@ pub(crate) struct LockArgs {
     /// `on_lost = "continue"`; `"stop"` is the default and emits nothing.
     pub(crate) continue_on_lost: bool,
     pub(crate) fair: bool,
+    pub(crate) fencing: bool,
     pub(crate) hold_at_least_ms: Option<u64>,
 }
 
@@ -32,6 +33,7 @@ pub(crate) struct ArgsParser {
     max_hold_ms: Option<(u64, Span)>,
     on_lost: Option<(bool, Span)>,
     fair: Option<Span>,
+    fencing: Option<Span>,
     hold_at_least_ms: Option<u64>,
 }
 
@@ -62,6 +64,10 @@ impl ArgsParser {
             "fair" => {
                 let span = flag(&meta, &name)?;
                 set_once(&meta, &name, &mut self.fair, span)
+            }
+            "fencing" => {
+                let span = flag(&meta, &name)?;
+                set_once(&meta, &name, &mut self.fencing, span)
             }
             "hold_at_least" => {
                 let literal = string_value(&meta, &name, "\"30s\"")?;
@@ -135,6 +141,7 @@ impl ArgsParser {
                 .on_lost
                 .is_some_and(|(continue_on_lost, _)| continue_on_lost),
             fair: self.fair.is_some(),
+            fencing: self.fencing.is_some(),
             hold_at_least_ms: self.hold_at_least_ms,
         })
     }

@@ -86,6 +86,9 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     if args.fair {
         lock = quote!(#lock.fair());
     }
+    if args.fencing {
+        lock = quote!(#lock.fencing());
+    }
     if let Some(hold_at_least) = args.hold_at_least_ms {
         lock = quote!(#lock.hold_at_least(::core::time::Duration::from_millis(#hold_at_least)));
     }
@@ -166,9 +169,9 @@ mod tests {
     }
 
     #[test]
-    fn method_with_field_path_and_wait() {
+    fn method_with_field_path_wait_fair_and_fencing() {
         let expanded = super::expand(
-            quote!(key = "order:<self.shard>:<order.id>", wait = "2s"),
+            quote!(key = "order:<self.shard>:<order.id>", wait = "2s", fair, fencing),
             quote! {
                 async fn settle(&self, order: &Order) -> Option<Receipt> {
                     self.charge(order).await

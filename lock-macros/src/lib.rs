@@ -30,6 +30,8 @@ use proc_macro::TokenStream;
 /// - `max_hold` (with `renew`): stop renewing after this long.
 /// - `on_lost = "stop" | "continue"` (with `renew`, default `"stop"`).
 /// - `fair` (flag): waiters get the lock in arrival order.
+/// - `fencing` (flag): issue a fencing token with each acquisition,
+///   `current().unwrap().fencing_token()` in the body.
 /// - `hold_at_least` (default: none): keep the lock at least this long after
 ///   acquiring it, even if the body ends sooner.
 ///

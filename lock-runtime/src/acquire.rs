@@ -35,8 +35,8 @@ pub(crate) struct Acquisition<'a> {
 
 /// Outcome of one attempt.
 enum Attempt {
-    /// Acquired, with its fencing token.
-    Acquired(u64),
+    /// Acquired, with its fencing token when one was asked for.
+    Acquired(Option<u64>),
     /// Held by another holder, whose key expires after the given time when
     /// Redis told it (none when free but another waiter is first in line).
     Busy(Option<Duration>),
@@ -53,6 +53,13 @@ impl Acquisition<'_> {
                 key: hold.name.clone(),
                 cause,
             });
+        }
+        if self.lock.settings().fencing && hold.fencing_token.is_none() {
+            return Err(LockError::config(format!(
+                "lock `{}` asks for a fencing token, but its outer holder in this task took it \
+                 without one: add `fencing` to the outer lock too",
+                hold.name
+            )));
         }
         Ok(Some(LockGuard::reentrant(Arc::clone(hold))))
     }
@@ -141,9 +148,9 @@ impl Acquisition<'_> {
         }
     }
 
-    fn guard(&self, token: String, sent_at: Instant, fencing_token: u64) -> LockGuard {
+    fn guard(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> LockGuard {
         let settings = self.lock.settings();
-        tracing::debug!(lock = %self.lock.name_str(), fencing_token, "acquired");
+        tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             client: self.client.clone(),
             name: self.lock.name_str().to_owned(),
@@ -166,7 +173,9 @@ impl Acquisition<'_> {
         LockGuard::new(hold, renewal)
     }
 
-    /// One attempt: the acquire script, one round trip.
+    /// One attempt, one round trip: a plain `SET NX PX` when the attempt
+    /// neither joins nor respects the waiters' queue and needs no fencing
+    /// token, else the acquire script.
     async fn attempt(
         &self,
         token: &str,
@@ -184,11 +193,57 @@ impl Acquisition<'_> {
             token,
             resolved: false,
         };
-        let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
-        let retention_ms = (FENCE_RETENTION.as_millis() as u64).max(self.ttl_ms);
+        let fencing = self.lock.settings().fencing;
+        let result = if join_queue || respect_queue || fencing {
+            Box::pin(self.script_attempt(token, member, join_queue, respect_queue, fencing)).await
+        } else {
+            self.set_if_free(token).await
+        };
+        if result.is_ok() {
+            uncertain.resolved = true;
+        }
+        result
+    }
+
+    /// `SET key token NX PX ttl`: what an uncontended lock costs.
+    async fn set_if_free(&self, token: &str) -> Result<Attempt, LockError> {
         let mut connection = self.client.connection();
-        let result = self
-            .client
+        self.client
+            .call(self.lock.name_str(), "acquire", async {
+                let set: redis::Value = redis::cmd("SET")
+                    .arg(&self.keys.lock)
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(self.ttl_ms)
+                    .query_async(&mut connection)
+                    .await?;
+                Ok(match set {
+                    redis::Value::Nil => Attempt::Busy(None),
+                    _ => Attempt::Acquired(None),
+                })
+            })
+            .await
+    }
+
+    /// The acquire script: the queue, and the fencing token.
+    async fn script_attempt(
+        &self,
+        token: &str,
+        member: &str,
+        join_queue: bool,
+        respect_queue: bool,
+        fencing: bool,
+    ) -> Result<Attempt, LockError> {
+        let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
+        // 0: no fencing token.
+        let retention_ms = if fencing {
+            (FENCE_RETENTION.as_millis() as u64).max(self.ttl_ms)
+        } else {
+            0
+        };
+        let mut connection = self.client.connection();
+        self.client
             .call(self.lock.name_str(), "acquire", async {
                 let (acquired, value): (i64, i64) = ACQUIRE
                     .key(&self.keys.lock)
@@ -205,16 +260,12 @@ impl Acquisition<'_> {
                     .invoke_async(&mut connection)
                     .await?;
                 Ok(if acquired == 1 {
-                    Attempt::Acquired(value as u64)
+                    Attempt::Acquired(fencing.then_some(value as u64))
                 } else {
                     Attempt::Busy(u64::try_from(value).ok().map(Duration::from_millis))
                 })
             })
-            .await;
-        if result.is_ok() {
-            uncertain.resolved = true;
-        }
-        result
+            .await
     }
 }
 
@@ -240,7 +291,7 @@ impl Drop for Uncertain<'_> {
                 renewed: false,
                 sent_at: now,
                 confirmed_at: now,
-                fencing_token: 0,
+                fencing_token: None,
                 hold_at_least: None,
                 stop_on_loss: false,
             }));

@@ -43,7 +43,8 @@ pub(crate) struct Acquired {
     pub(crate) sent_at: Instant,
     /// When its reply arrived.
     pub(crate) confirmed_at: Instant,
-    pub(crate) fencing_token: u64,
+    /// Issued when the lock was taken with `fencing`.
+    pub(crate) fencing_token: Option<u64>,
     pub(crate) hold_at_least: Option<Duration>,
     /// For a renewed lock: stop a body run under it when it is lost.
     pub(crate) stop_on_loss: bool,
@@ -62,7 +63,7 @@ pub(crate) struct Hold {
     pub(crate) acquired_at: Instant,
     /// When the acquiring reply arrived: the key was set before this.
     pub(crate) confirmed_at: Instant,
-    pub(crate) fencing_token: u64,
+    pub(crate) fencing_token: Option<u64>,
     /// A release keeps the key until at least this long after acquisition.
     pub(crate) hold_at_least: Option<Duration>,
     /// Whether a body run under this lock is stopped when it is lost

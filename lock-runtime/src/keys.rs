@@ -28,18 +28,28 @@ impl LockKeys {
 
     /// The last fencing token handed out (expires after a retention period).
     pub(crate) fn fence(&self) -> String {
-        format!("{}:fence", self.lock)
+        concat(&[&self.lock, ":fence"])
     }
 
     /// The waiters in arrival order (a list of `<channel>|<token>`).
     pub(crate) fn queue(&self) -> String {
-        format!("{}:queue", self.lock)
+        concat(&[&self.lock, ":queue"])
     }
 
     /// Each waiter's deadline to refresh its place (a sorted set).
     pub(crate) fn waiters(&self) -> String {
-        format!("{}:waiters", self.lock)
+        concat(&[&self.lock, ":waiters"])
     }
+}
+
+/// The parts joined, in one allocation (`format!` costs several times more
+/// on a path taken for every lock and unlock).
+fn concat(parts: &[&str]) -> String {
+    let mut joined = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        joined.push_str(part);
+    }
+    joined
 }
 
 /// The Redis key of the lock called `name`.
@@ -65,7 +75,7 @@ pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
              start it with another character"
         )));
     }
-    Ok(format!("{prefix}{{{name}}}"))
+    Ok(concat(&[prefix, "{", name, "}"]))
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub struct Lock {
     /// `None` until set, so that setting it without `renew` is an error.
     on_lost: Option<OnLost>,
     fair: bool,
+    fencing: bool,
     hold_at_least: Option<Duration>,
     client: Option<Client>,
 }
@@ -58,6 +59,7 @@ impl Lock {
             max_hold: None,
             on_lost: None,
             fair: false,
+            fencing: false,
             hold_at_least: None,
             client: None,
         }
@@ -116,6 +118,22 @@ impl Lock {
         self
     }
 
+    /// Issue a fencing token with each acquisition:
+    /// [`fencing_token()`](crate::HeldLock::fencing_token) on the guard or on
+    /// [`current()`](crate::current) returns a number larger than every token
+    /// handed out earlier for this key. Pass it with every write to a store
+    /// that rejects a write carrying a smaller token than one it has seen: a
+    /// holder paused past its ttl then cannot overwrite its successor's work.
+    ///
+    /// Costs the acquire a Lua script instead of a plain `SET NX PX` (still
+    /// one round trip) and a second key, `<lock key>:fence`, kept for
+    /// max(60 s, ttl) after the last acquisition. Use it for every lock of a
+    /// key that a store checks, so that every writer carries a token.
+    pub fn fencing(mut self) -> Self {
+        self.fencing = true;
+        self
+    }
+
     /// On release, keep the lock until at least this long after it was
     /// acquired (the release shortens the key's expiry to the remainder
     /// instead of deleting it). Stops a fast scheduled job from running twice
@@ -151,7 +169,9 @@ impl Lock {
         }
         match self.wait {
             None => acquisition.once().await,
-            Some(wait) => acquisition.waiting(wait).await,
+            // Boxed: the waiting state machine is large, and an uncontended
+            // acquire should not carry it.
+            Some(wait) => Box::pin(acquisition.waiting(wait)).await,
         }
     }
 
@@ -234,6 +254,7 @@ impl Lock {
             max_hold: self.max_hold,
             on_lost: self.on_lost.unwrap_or_default(),
             fair: self.fair,
+            fencing: self.fencing,
             hold_at_least: self.hold_at_least,
         }
     }
@@ -246,6 +267,7 @@ pub(crate) struct Settings {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) on_lost: OnLost,
     pub(crate) fair: bool,
+    pub(crate) fencing: bool,
     pub(crate) hold_at_least: Option<Duration>,
 }
 

@@ -6,17 +6,31 @@
 use once_cell::sync::Lazy;
 use redis::Script;
 
+// A held lock's value is its holder's token, followed by `|q` once waiters
+// are queued behind it (the "queued" mark): a release then knows whether it
+// has anyone to wake without reading the queue, so an uncontended release is
+// GET + DEL like a bare compare-and-delete. The acquire script marks the
+// lock when a waiter queues behind it, or when it hands the lock to a
+// waiter that leaves others queued. A lock taken by a plain `SET NX PX`
+// ahead of queued waiters is unmarked until one of them tries again: each
+// was woken by the release before (and so tries at once), or wakes by its
+// own timer (the holder's expiry, its queue refresh) at the latest.
+
 /// Takes the lock if it is free and the caller may take it, with a fencing
-/// token, in one step; otherwise (when asked) puts the caller in the queue
-/// of waiters that releases wake one at a time.
+/// token when asked, in one step; otherwise (when asked) puts the caller in
+/// the queue of waiters that releases wake one at a time, and marks the
+/// holder's value as queued. (An uncontended try that needs neither the
+/// queue nor a fencing token is a plain `SET NX PX` instead.)
 ///
 /// KEYS = lock, fence, queue, waiters.
-/// ARGV = token, ttl_ms, fence_retention_ms, waiter_timeout_ms,
+/// ARGV = token, ttl_ms,
+///        fence_retention_ms (0: no fencing token; the fence key is untouched),
+///        waiter_timeout_ms,
 ///        join (1: join or refresh a place in the queue when not acquired),
 ///        respect (1: only take a free lock when the queue is empty or the
 ///        caller is first in it, as in fair mode; 0: take any free lock),
 ///        member (the caller's queue entry: `<its client's channel>|<token>`).
-/// Returns `{1, fencing_token}` when acquired, else `{0, pttl}` (the
+/// Returns `{1, fencing_token or 0}` when acquired, else `{0, pttl}` (the
 /// holder's remaining ttl in ms, or -2 when the lock is free but another
 /// waiter is first in line).
 ///
@@ -31,24 +45,32 @@ pub(crate) static ACQUIRE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
 local timeout = tonumber(ARGV[4])
-local now = redis.call('TIME')
-local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local now_ms = math.floor(now_us / 1000)
--- an uncontended try (neither joining nor respecting the queue) skips it
-local head = false
-if ARGV[5] == '1' or ARGV[6] == '1' then head = redis.call('LINDEX', KEYS[3], 0) end
+local now_us = false
+local function now_ms()
+  if not now_us then
+    local now = redis.call('TIME')
+    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  return math.floor(now_us / 1000)
+end
+local head = redis.call('LINDEX', KEYS[3], '0')
 while head and head ~= ARGV[7] do
   local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
-  if expiry and expiry > now_ms then break end
+  if expiry and expiry > now_ms() then break end
   redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
-  head = redis.call('LINDEX', KEYS[3], 0)
+  head = redis.call('LINDEX', KEYS[3], '0')
 end
 local may = ARGV[6] == '0' or not head or head == ARGV[7]
-if may and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- taken with waiters left in the queue: marked, so its release wakes one
+local value = ARGV[1]
+if head and (head ~= ARGV[7] or redis.call('LLEN', KEYS[3]) > 1) then value = ARGV[1] .. '|q' end
+if may and redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
-    redis.call('LREM', KEYS[3], 1, ARGV[7])
+    redis.call('LREM', KEYS[3], '1', ARGV[7])
   end
+  if ARGV[3] == '0' then return {1, 0} end
+  now_ms()
   local fence = now_us
   local last = tonumber(redis.call('GET', KEYS[2]))
   if last and last >= fence then fence = last + 1 end
@@ -56,11 +78,13 @@ if may and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, fence}
 end
 if ARGV[5] == '1' then
-  if redis.call('ZADD', KEYS[4], now_ms + timeout, ARGV[7]) == 1 then
+  if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[7])
   end
   redis.call('PEXPIRE', KEYS[3], timeout * 2)
   redis.call('PEXPIRE', KEYS[4], timeout * 2)
+  local held = redis.call('GET', KEYS[1])
+  if held and string.sub(held, -2) ~= '|q' then redis.call('APPEND', KEYS[1], '|q') end
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",
@@ -71,9 +95,9 @@ return {0, redis.call('PTTL', KEYS[1])}
 ///
 /// KEYS = lock, queue, waiters. ARGV = token, keep_ms.
 /// With `keep_ms` > 0 (`hold_at_least`), the key is kept for that long
-/// instead of deleted. Otherwise it is deleted and the release is published
-/// to the first live waiter in the queue: its token, on its client's
-/// channel (queue entries are `<channel>|<token>`).
+/// instead of deleted. Otherwise it is deleted and, if it was marked queued,
+/// the release is published to the first live waiter in the queue: its
+/// token, on its client's channel (queue entries are `<channel>|<token>`).
 /// Returns 2 when released with a waiter woken, 1 when released (or kept),
 /// 0 when the key was gone (expired), -1 when another holder's token is
 /// there (left untouched).
@@ -81,16 +105,25 @@ pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
-if held ~= ARGV[1] then
+if held == ARGV[1] then
+  -- nobody queued: what a bare compare-and-delete does
+  if ARGV[2] ~= '0' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return 1
+end
+if held ~= ARGV[1] .. '|q' then
   if held == false then return 0 end
   return -1
 end
-if tonumber(ARGV[2]) > 0 then
+if ARGV[2] ~= '0' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 redis.call('DEL', KEYS[1])
-local head = redis.call('LINDEX', KEYS[2], 0)
+local head = redis.call('LINDEX', KEYS[2], '0')
 if head then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -99,7 +132,7 @@ if head then
     if expiry and expiry > now_ms then break end
     redis.call('LPOP', KEYS[2])
     redis.call('ZREM', KEYS[3], head)
-    head = redis.call('LINDEX', KEYS[2], 0)
+    head = redis.call('LINDEX', KEYS[2], '0')
   end
 end
 if not head then return 1 end
@@ -117,19 +150,19 @@ return 2
 pub(crate) static LEAVE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
-local first = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
-redis.call('LREM', KEYS[2], 0, ARGV[1])
+local first = redis.call('LINDEX', KEYS[2], '0') == ARGV[1]
+redis.call('LREM', KEYS[2], '0', ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 if first and redis.call('EXISTS', KEYS[1]) == 0 then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local head = redis.call('LINDEX', KEYS[2], 0)
+  local head = redis.call('LINDEX', KEYS[2], '0')
   while head do
     local expiry = tonumber(redis.call('ZSCORE', KEYS[3], head))
     if expiry and expiry > now_ms then break end
     redis.call('LPOP', KEYS[2])
     redis.call('ZREM', KEYS[3], head)
-    head = redis.call('LINDEX', KEYS[2], 0)
+    head = redis.call('LINDEX', KEYS[2], '0')
   end
   if head then
     local bar = string.find(head, '|', 1, true)
@@ -146,7 +179,7 @@ pub(crate) const RENEW_SOURCE: &str = r"
 local result = {}
 for i, key in ipairs(KEYS) do
   local held = redis.call('GET', key)
-  if held == ARGV[2 * i] then
+  if held == ARGV[2 * i] or held == ARGV[2 * i] .. '|q' then
     redis.call('PEXPIRE', key, ARGV[2 * i - 1])
     result[i] = 1
   elseif held == false then

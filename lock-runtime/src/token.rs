@@ -13,7 +13,13 @@ pub(crate) fn new_token() -> Result<String, LockError> {
             "the operating system's random source failed ({error}); no lock token can be made"
         ))
     })?;
-    Ok(format!("{:032x}", u128::from_ne_bytes(bytes)))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut token = String::with_capacity(32);
+    for byte in bytes {
+        token.push(char::from(HEX[usize::from(byte >> 4)]));
+        token.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    Ok(token)
 }
 
 #[cfg(test)]

@@ -85,7 +85,8 @@ impl HeldLock {
         &self.hold.keys.lock
     }
 
-    /// This acquisition's random token (the value stored in the key).
+    /// This acquisition's random token: the value stored in the key
+    /// (followed by `|q` while waiters are queued behind this holder).
     pub fn token(&self) -> &str {
         &self.hold.token
     }
@@ -95,10 +96,12 @@ impl HeldLock {
         self.hold.ttl
     }
 
-    /// This acquisition's fencing token: larger than every token handed out
-    /// earlier for the same key. Pass it with every write to a store that
-    /// can reject a write carrying a smaller token than one it has seen.
-    pub fn fencing_token(&self) -> u64 {
+    /// This acquisition's fencing token, when the lock was taken with
+    /// [`fencing`](crate::Lock::fencing) (`None` otherwise): larger than
+    /// every token handed out earlier for the same key. Pass it with every
+    /// write to a store that can reject a write carrying a smaller token than
+    /// one it has seen.
+    pub fn fencing_token(&self) -> Option<u64> {
         self.hold.fencing_token
     }
 

@@ -51,6 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lock = |client: Client| {
         Lock::new("invoice:42")
             .ttl(Duration::from_millis(300))
+            .fencing()
             .client(client)
     };
 
@@ -58,23 +59,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client2 = Client::new(Config::new(url))?;
 
     let first = lock(client1).acquire().await?;
-    println!(
-        "client 1 holds the lock with fencing token {}",
-        first.fencing_token()
-    );
+    let first_fence = first.fencing_token().expect("taken with .fencing()");
+    println!("client 1 holds the lock with fencing token {first_fence}");
     println!("client 1 pauses for 500 ms (a GC pause); its 300 ms ttl runs out");
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let second = lock(client2).acquire().await?;
-    println!(
-        "client 2 holds the lock with fencing token {}",
-        second.fencing_token()
-    );
-    store.write(second.fencing_token(), "written by client 2")?;
+    let second_fence = second.fencing_token().expect("taken with .fencing()");
+    println!("client 2 holds the lock with fencing token {second_fence}");
+    store.write(second_fence, "written by client 2")?;
     println!("client 2 writes: accepted");
     second.release().await?;
 
-    match store.write(first.fencing_token(), "written by client 1") {
+    match store.write(first_fence, "written by client 1") {
         Ok(()) => println!("client 1 writes: accepted (this must not happen)"),
         Err(reason) => println!("client 1 wakes up and writes: {reason}"),
     }
