@@ -171,7 +171,12 @@ mod tests {
     #[test]
     fn method_with_field_path_wait_fair_and_fencing() {
         let expanded = super::expand(
-            quote!(key = "order:<self.shard>:<order.id>", wait = "2s", fair, fencing),
+            quote!(
+                key = "order:<self.shard>:<order.id>",
+                wait = "2s",
+                fair,
+                fencing
+            ),
             quote! {
                 async fn settle(&self, order: &Order) -> Option<Receipt> {
                     self.charge(order).await

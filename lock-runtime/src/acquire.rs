@@ -10,7 +10,7 @@ use crate::hold::{Acquired, Hold};
 use crate::keys::LockKeys;
 use crate::lock::Lock;
 use crate::notify::wait_for;
-use crate::scripts::{ACQUIRE, LEAVE};
+use crate::scripts::{evalsha, run, ACQUIRE, LEAVE};
 use crate::token::new_token;
 
 /// A waiter that has not refreshed its place in the queue for this long
@@ -50,7 +50,7 @@ impl Acquisition<'_> {
         };
         if let Some(cause) = hold.lost_cause(Instant::now()) {
             return Err(LockError::Lost {
-                key: hold.name.clone(),
+                key: hold.name().to_owned(),
                 cause,
             });
         }
@@ -58,7 +58,7 @@ impl Acquisition<'_> {
             return Err(LockError::config(format!(
                 "lock `{}` asks for a fencing token, but its outer holder in this task took it \
                  without one: add `fencing` to the outer lock too",
-                hold.name
+                hold.name()
             )));
         }
         Ok(Some(LockGuard::reentrant(Arc::clone(hold))))
@@ -153,7 +153,6 @@ impl Acquisition<'_> {
         tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             client: self.client.clone(),
-            name: self.lock.name_str().to_owned(),
             keys: self.keys.clone(),
             token,
             ttl: settings.ttl,
@@ -188,7 +187,6 @@ impl Acquisition<'_> {
         // knowing it.
         let mut uncertain = Uncertain {
             client: &self.client,
-            name: self.lock.name_str(),
             keys: &self.keys,
             token,
             resolved: false,
@@ -243,22 +241,21 @@ impl Acquisition<'_> {
             0
         };
         let mut connection = self.client.connection();
+        let mut cmd = evalsha(&ACQUIRE, 4);
+        cmd.arg(&self.keys.lock)
+            .arg(self.keys.fence())
+            .arg(self.keys.queue())
+            .arg(self.keys.waiters())
+            .arg(token)
+            .arg(self.ttl_ms)
+            .arg(retention_ms)
+            .arg(waiter_timeout_ms)
+            .arg(u8::from(join_queue))
+            .arg(u8::from(respect_queue))
+            .arg(member);
         self.client
             .call(self.lock.name_str(), "acquire", async {
-                let (acquired, value): (i64, i64) = ACQUIRE
-                    .key(&self.keys.lock)
-                    .key(self.keys.fence())
-                    .key(self.keys.queue())
-                    .key(self.keys.waiters())
-                    .arg(token)
-                    .arg(self.ttl_ms)
-                    .arg(retention_ms)
-                    .arg(waiter_timeout_ms)
-                    .arg(u8::from(join_queue))
-                    .arg(u8::from(respect_queue))
-                    .arg(member)
-                    .invoke_async(&mut connection)
-                    .await?;
+                let (acquired, value): (i64, i64) = run(&ACQUIRE, &cmd, &mut connection).await?;
                 Ok(if acquired == 1 {
                     Attempt::Acquired(fencing.then_some(value as u64))
                 } else {
@@ -272,7 +269,6 @@ impl Acquisition<'_> {
 /// Cleans up after an acquire attempt whose outcome is unknown.
 struct Uncertain<'a> {
     client: &'a Client,
-    name: &'a str,
     keys: &'a LockKeys,
     token: &'a str,
     resolved: bool,
@@ -284,7 +280,6 @@ impl Drop for Uncertain<'_> {
             let now = Instant::now();
             spawn_release(Hold::new(Acquired {
                 client: self.client.clone(),
-                name: self.name.to_owned(),
                 keys: self.keys.clone(),
                 token: self.token.to_owned(),
                 ttl: Duration::ZERO,
@@ -319,16 +314,17 @@ impl Drop for QueuePlace<'_> {
         let (client, keys, member) = (self.client.clone(), self.keys.clone(), self.member.clone());
         runtime.spawn(async move {
             let mut connection = client.connection();
+            let mut cmd = evalsha(&LEAVE, 3);
+            cmd.arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(keys.waiters())
+                .arg(&member);
             let _ = client
-                .call(&keys.lock, "leave the queue", async {
-                    LEAVE
-                        .key(&keys.lock)
-                        .key(keys.queue())
-                        .key(keys.waiters())
-                        .arg(&member)
-                        .invoke_async::<i64>(&mut connection)
-                        .await
-                })
+                .call(
+                    &keys.lock,
+                    "leave the queue",
+                    run::<i64>(&LEAVE, &cmd, &mut connection),
+                )
                 .await;
         });
     }

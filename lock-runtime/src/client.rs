@@ -66,7 +66,9 @@ impl Config {
         self
     }
 
-    /// Time allowed for Redis to answer one command (default 1 s).
+    /// Time allowed for Redis to answer one command (default 1 s). Every
+    /// call is bounded by `connect_timeout + response_timeout` in all, a
+    /// reconnect it has to wait for included.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -156,7 +158,10 @@ impl Client {
         }
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.response_timeout))
+            // Each call runs under `within(connect + response timeout)`,
+            // which also bounds the wait for a reconnect; a second timer per
+            // command inside the connection would only cost time.
+            .set_response_timeout(None)
             // One quick retry: a Redis that is down fails the call within
             // seconds instead of after the default six growing delays.
             .set_number_of_retries(1)

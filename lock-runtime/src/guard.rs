@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::{LockError, LostCause};
 use crate::hold::Hold;
 use crate::renewal::Registration;
-use crate::scripts::RELEASE;
+use crate::scripts::{evalsha, run, RELEASE};
 use crate::watch::{watch, HeldLock};
 
 /// What to do with the body when a renewed lock is lost.
@@ -30,26 +30,23 @@ pub enum OnLost {
 async fn release(hold: &Hold) -> Result<(), LockError> {
     let mut connection = hold.client.connection();
     let keep_ms = hold.keep_for().as_millis() as u64;
+    let mut cmd = evalsha(&RELEASE, 3);
+    cmd.arg(&hold.keys.lock)
+        .arg(hold.keys.queue())
+        .arg(hold.keys.waiters())
+        .arg(&hold.token)
+        .arg(keep_ms);
     let outcome: i64 = hold
         .client
-        .call(&hold.name, "release", async {
-            RELEASE
-                .key(&hold.keys.lock)
-                .key(hold.keys.queue())
-                .key(hold.keys.waiters())
-                .arg(&hold.token)
-                .arg(keep_ms)
-                .invoke_async(&mut connection)
-                .await
-        })
+        .call(hold.name(), "release", run(&RELEASE, &cmd, &mut connection))
         .await?;
     let lost = |cause| LockError::Lost {
-        key: hold.name.clone(),
+        key: hold.name().to_owned(),
         cause,
     };
     match outcome {
         1 | 2 => {
-            tracing::debug!(lock = %hold.name, "released");
+            tracing::debug!(lock = %hold.name(), "released");
             if outcome == 2 {
                 hold.client.handed_over(&hold.keys.lock);
             }
@@ -68,14 +65,14 @@ pub(crate) fn spawn_release(hold: Arc<Hold>) {
                 match release(&hold).await {
                     Ok(()) | Err(LockError::Lost { .. }) => {}
                     Err(error) => tracing::warn!(
-                        lock = %hold.name, %error,
+                        lock = %hold.name(), %error,
                         "background release failed; the lock frees itself when its ttl passes"
                     ),
                 }
             });
         }
         Err(_) => tracing::warn!(
-            lock = %hold.name,
+            lock = %hold.name(),
             "lock guard dropped outside a Tokio runtime; the lock frees itself when its ttl passes"
         ),
     }
@@ -140,7 +137,7 @@ impl LockGuard {
         watch(Arc::clone(self.hold()), self.hold().stop_on_loss, body)
             .await
             .map_err(|cause| LockError::Lost {
-                key: self.hold().name.clone(),
+                key: self.hold().name().to_owned(),
                 cause,
             })
     }
@@ -176,14 +173,14 @@ impl LockGuard {
         let result = match hold.reported_loss() {
             // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
-                key: hold.name.clone(),
+                key: hold.name().to_owned(),
                 cause,
             }),
             // Lost by the clock (the holder was told and stopped): the key
             // may still hold our token, so delete it, and report the loss.
             Some(cause) => match release(&hold).await {
                 Ok(()) => Err(LockError::Lost {
-                    key: hold.name.clone(),
+                    key: hold.name().to_owned(),
                     cause,
                 }),
                 Err(error) => Err(error),

@@ -34,7 +34,6 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
 /// What an acquisition produced: everything a [`Hold`] starts from.
 pub(crate) struct Acquired {
     pub(crate) client: Client,
-    pub(crate) name: String,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -52,7 +51,6 @@ pub(crate) struct Acquired {
 
 pub(crate) struct Hold {
     pub(crate) client: Client,
-    pub(crate) name: String,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -81,10 +79,14 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    /// The lock's name, as given.
+    pub(crate) fn name(&self) -> &str {
+        self.keys.name()
+    }
+
     pub(crate) fn new(acquired: Acquired) -> Arc<Hold> {
         let Acquired {
             client,
-            name,
             keys,
             token,
             ttl,
@@ -98,7 +100,6 @@ impl Hold {
         let valid_until = to_nanos(sent_at + ttl - drift_margin(ttl));
         Arc::new(Hold {
             client,
-            name,
             keys,
             token,
             ttl,
@@ -148,7 +149,7 @@ impl Hold {
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
-            tracing::error!(lock = %self.name, cause = %cause, "lock lost");
+            tracing::error!(lock = %self.name(), cause = %cause, "lock lost");
         }
         self.wake();
     }

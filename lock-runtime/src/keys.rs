@@ -17,28 +17,57 @@ pub const MAX_KEY_LEN: usize = 1024;
 pub(crate) struct LockKeys {
     /// The lock itself: a string holding the holder's token, with the ttl.
     pub(crate) lock: String,
+    /// Where the lock's name starts in `lock` (after the prefix and `{`).
+    name_start: usize,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Result<LockKeys, LockError> {
         Ok(LockKeys {
             lock: lock_key(prefix, name)?,
+            name_start: prefix.len() + 1,
         })
     }
 
+    /// The lock's name, as given: the key without its prefix and hash tag.
+    pub(crate) fn name(&self) -> &str {
+        &self.lock[self.name_start..self.lock.len() - 1]
+    }
+
     /// The last fencing token handed out (expires after a retention period).
-    pub(crate) fn fence(&self) -> String {
-        concat(&[&self.lock, ":fence"])
+    pub(crate) fn fence(&self) -> DerivedKey<'_> {
+        DerivedKey(&self.lock, ":fence")
     }
 
     /// The waiters in arrival order (a list of `<channel>|<token>`).
-    pub(crate) fn queue(&self) -> String {
-        concat(&[&self.lock, ":queue"])
+    pub(crate) fn queue(&self) -> DerivedKey<'_> {
+        DerivedKey(&self.lock, ":queue")
     }
 
     /// Each waiter's deadline to refresh its place (a sorted set).
-    pub(crate) fn waiters(&self) -> String {
-        concat(&[&self.lock, ":waiters"])
+    pub(crate) fn waiters(&self) -> DerivedKey<'_> {
+        DerivedKey(&self.lock, ":waiters")
+    }
+}
+
+/// A key derived from the lock key by a suffix, written straight into a
+/// command's buffer (no string is built for it).
+#[derive(Clone, Copy)]
+pub(crate) struct DerivedKey<'a>(&'a str, &'static str);
+
+impl redis::ToRedisArgs for DerivedKey<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write;
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's in-memory buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
+
+impl std::fmt::Display for DerivedKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.0, self.1)
     }
 }
 
@@ -90,7 +119,8 @@ mod tests {
     #[test]
     fn derived_keys_share_the_hash_tag() {
         let keys = super::LockKeys::new("lock:", "order:42").unwrap();
-        for key in [keys.fence(), keys.queue(), keys.waiters()] {
+        assert_eq!(keys.name(), "order:42");
+        for key in [keys.fence(), keys.queue(), keys.waiters()].map(|key| key.to_string()) {
             assert!(key.starts_with("lock:{order:42}:"), "{key}");
         }
     }

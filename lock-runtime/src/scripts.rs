@@ -4,7 +4,34 @@
 //! restart or SCRIPT FLUSH).
 
 use once_cell::sync::Lazy;
-use redis::Script;
+use redis::{aio::ConnectionLike, Cmd, FromRedisValue, RedisResult, Script};
+
+/// `EVALSHA <script> <keys>`, for the caller to add the keys and arguments.
+/// Built as one command, with keys and arguments written once into its
+/// buffer (the `redis` crate's `ScriptInvocation` copies each twice).
+pub(crate) fn evalsha(script: &Script, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Runs an [`evalsha`] command; if Redis lost the script (a restart, SCRIPT
+/// FLUSH), loads it and runs the command again.
+pub(crate) async fn run<T: FromRedisValue>(
+    script: &Script,
+    cmd: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<T> {
+    match cmd.query_async(connection).await {
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            script.prepare_invoke().load_async(connection).await?;
+            cmd.query_async(connection).await
+        }
+        result => result,
+    }
+}
 
 // A held lock's value is its holder's token, followed by `|q` once waiters
 // are queued behind it (the "queued" mark): a release then knows whether it

@@ -77,7 +77,7 @@ pub struct HeldLock {
 impl HeldLock {
     /// The lock's name, as given (the rendered key of the attribute).
     pub fn name(&self) -> &str {
-        &self.hold.name
+        self.hold.name()
     }
 
     /// The Redis key holding the lock, e.g. `lock:{order:42}`.
