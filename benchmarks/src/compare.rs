@@ -12,7 +12,7 @@ use test_support::RedisServer;
 
 use crate::implementations::{attribute_pair, attribute_section, Kind, Locker};
 use crate::option;
-use crate::process_usage::{cpu_time, redis_cpu};
+use crate::process_usage::{cpu_time, redis_cpu, redis_reads};
 
 const W1_KINDS: [Kind; 4] = [
     Kind::Manual,
@@ -88,26 +88,27 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         report.push_str(&format!(
             "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs (interleaved in 10 rounds)\n\n"
         ));
-        report.push_str("| implementation | pairs/s | × hand-written | client CPU per pair | Redis CPU per pair |\n|---|---:|---:|---:|---:|\n");
+        report.push_str("| implementation | pairs/s | × hand-written | client CPU per pair | Redis CPU per pair | Redis socket reads per pair |\n|---|---:|---:|---:|---:|---:|\n");
         let w2 = runtime.block_on(w2_interleaved(&server, pairs, &picked));
         let reference = w2
             .iter()
-            .find(|(kind, _, _, _)| *kind == Kind::HandWritten)
-            .map_or(f64::NAN, |(_, rate, _, _)| *rate);
-        for (kind, rate, client_cpu, server_cpu) in &w2 {
+            .find(|result| result.kind == Kind::HandWritten)
+            .map_or(f64::NAN, |result| result.rate);
+        for result in &w2 {
             report.push_str(&format!(
-                "| {} | {:.0} | {:.2} | {:.1} µs | {:.1} µs |\n",
-                kind.label(),
-                rate,
-                rate / reference,
-                client_cpu.as_secs_f64() * 1e6,
-                server_cpu.as_secs_f64() * 1e6,
+                "| {} | {:.0} | {:.2} | {:.1} µs | {:.1} µs | {:.2} |\n",
+                result.kind.label(),
+                result.rate,
+                result.rate / reference,
+                result.client_cpu.as_secs_f64() * 1e6,
+                result.redis_cpu.as_secs_f64() * 1e6,
+                result.reads,
             ));
         }
         for (clients, pipeline) in [(50, 1), (50, 16)] {
             let ceiling = redis_benchmark(&server, clients, pipeline, pairs);
             report.push_str(&format!(
-            "| redis-benchmark `-c {clients} -P {pipeline}`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | |\n",
+            "| redis-benchmark `-c {clients} -P {pipeline}`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | |\n",
             ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
         ));
         }
@@ -268,6 +269,15 @@ async fn pair(locker: &mut Locker, key: &str) {
     }
 }
 
+struct W2 {
+    kind: Kind,
+    rate: f64,
+    client_cpu: Duration,
+    redis_cpu: Duration,
+    /// Socket reads Redis made per pair (a pair is 2 commands).
+    reads: f64,
+}
+
 /// W2 for every implementation, interleaved like W1: in each of 10 rounds,
 /// every implementation runs 50 tasks (each on its own key, all sharing
 /// one client or connection) for a tenth of the pairs.
@@ -275,7 +285,7 @@ async fn w2_interleaved(
     server: &RedisServer,
     pairs: usize,
     picked: &impl Fn(&Kind) -> bool,
-) -> Vec<(Kind, f64, Duration, Duration)> {
+) -> Vec<W2> {
     const ROUNDS: usize = 10;
     const TASKS: usize = 50;
     let per_task = pairs / ROUNDS / TASKS;
@@ -284,11 +294,12 @@ async fn w2_interleaved(
         let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
         let mut warm = shared.for_key("w2:warm");
         pair(&mut warm, "w2:warm").await;
-        lockers.push((kind, shared, Duration::ZERO, Duration::ZERO, Duration::ZERO));
+        lockers.push((kind, shared, [Duration::ZERO; 3], 0));
     }
     for _ in 0..ROUNDS {
-        for (kind, shared, elapsed, client_cpu, server_cpu) in &mut lockers {
+        for (kind, shared, [elapsed, client_cpu, server_cpu], reads) in &mut lockers {
             let (client_before, server_before) = (cpu_time(), redis_cpu(server));
+            let reads_before = redis_reads(server);
             let started = Instant::now();
             let mut tasks = Vec::new();
             for task in 0..TASKS {
@@ -306,19 +317,19 @@ async fn w2_interleaved(
             *elapsed += started.elapsed();
             *client_cpu += cpu_time() - client_before;
             *server_cpu += redis_cpu(server) - server_before;
+            // The INFO call in between counts one read.
+            *reads += (redis_reads(server) - reads_before).saturating_sub(1);
         }
     }
     let done = per_task * TASKS * ROUNDS;
     lockers
         .into_iter()
-        .map(|(kind, _, elapsed, client_cpu, server_cpu)| {
-            let rate = done as f64 / elapsed.as_secs_f64();
-            (
-                kind,
-                rate,
-                client_cpu / done as u32,
-                server_cpu / done as u32,
-            )
+        .map(|(kind, _, [elapsed, client_cpu, server_cpu], reads)| W2 {
+            kind,
+            rate: done as f64 / elapsed.as_secs_f64(),
+            client_cpu: client_cpu / done as u32,
+            redis_cpu: server_cpu / done as u32,
+            reads: reads as f64 / done as f64,
         })
         .collect()
 }

@@ -40,3 +40,13 @@ pub(crate) fn redis_cpu(server: &test_support::RedisServer) -> Duration {
     };
     Duration::from_secs_f64(field("used_cpu_sys:") + field("used_cpu_user:"))
 }
+
+/// Reads Redis has done from its clients' sockets (INFO stats): divided into
+/// the commands, how well clients batch their requests.
+pub(crate) fn redis_reads(server: &test_support::RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]).unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_reads_processed:"))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}

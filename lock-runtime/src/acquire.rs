@@ -208,7 +208,9 @@ impl Acquisition<'_> {
         let mut connection = self.client.connection();
         self.client
             .call(self.lock.name_str(), "acquire", async {
-                let set: redis::Value = redis::cmd("SET")
+                let bytes = self.keys.lock.len() + token.len() + 32;
+                let set: redis::Value = redis::Cmd::with_capacity(6, bytes)
+                    .arg("SET")
                     .arg(&self.keys.lock)
                     .arg(token)
                     .arg("NX")
@@ -241,7 +243,9 @@ impl Acquisition<'_> {
             0
         };
         let mut connection = self.client.connection();
-        let mut cmd = evalsha(&ACQUIRE, 4);
+        let lock_key = self.keys.lock.len();
+        let bytes = 4 * lock_key + 24 + token.len() + 60 + member.len();
+        let mut cmd = evalsha(&ACQUIRE, 4, 11, bytes);
         cmd.arg(&self.keys.lock)
             .arg(self.keys.fence())
             .arg(self.keys.queue())
@@ -314,7 +318,7 @@ impl Drop for QueuePlace<'_> {
         let (client, keys, member) = (self.client.clone(), self.keys.clone(), self.member.clone());
         runtime.spawn(async move {
             let mut connection = client.connection();
-            let mut cmd = evalsha(&LEAVE, 3);
+            let mut cmd = evalsha(&LEAVE, 3, 4, 3 * keys.lock.len() + 16 + member.len());
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
                 .arg(keys.waiters())

@@ -30,7 +30,8 @@ pub enum OnLost {
 async fn release(hold: &Hold) -> Result<(), LockError> {
     let mut connection = hold.client.connection();
     let keep_ms = hold.keep_for().as_millis() as u64;
-    let mut cmd = evalsha(&RELEASE, 3);
+    let lock_key = hold.keys.lock.len();
+    let mut cmd = evalsha(&RELEASE, 3, 5, 3 * lock_key + 16 + hold.token.len() + 20);
     cmd.arg(&hold.keys.lock)
         .arg(hold.keys.queue())
         .arg(hold.keys.waiters())

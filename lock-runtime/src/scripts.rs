@@ -6,12 +6,13 @@
 use once_cell::sync::Lazy;
 use redis::{aio::ConnectionLike, Cmd, FromRedisValue, RedisResult, Script};
 
-/// `EVALSHA <script> <keys>`, for the caller to add the keys and arguments.
-/// Built as one command, with keys and arguments written once into its
-/// buffer (the `redis` crate's `ScriptInvocation` copies each twice).
-pub(crate) fn evalsha(script: &Script, keys: usize) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+/// `EVALSHA <script> <keys>`, for the caller to add the keys and arguments
+/// (`args` of them, about `bytes` long in all). Built as one command, with
+/// keys and arguments written once into a buffer sized up front (the
+/// `redis` crate's `ScriptInvocation` copies each twice).
+pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
 }
 
