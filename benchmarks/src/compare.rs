@@ -120,16 +120,21 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         report.push_str(&format!(
         "\n### W3: contended hand-off, 8 contenders (own connections; the attribute shares the process-wide client), {sections} sections of ~1 ms\n\n"
     ));
-        report.push_str("| implementation | sections/s | × 1/(hold + 2 PING) | wait p50 / p99 / max | hand-off p50 / p99 | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
-        let rtt = runtime.block_on(ping_rtt(&server));
+        report.push_str("| implementation | sections/s | × 1/(hold + 2 PING) | × 1/(hold + 2 idle PING) | wait p50 / p99 / max | hand-off p50 / p99 | busiest | Redis CPU per section | × one contender's | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let rtt = runtime.block_on(ping_rtt(&server, Duration::ZERO));
+        let idle_rtt = runtime.block_on(ping_rtt(&server, Duration::from_millis(1)));
         for kind in W3_KINDS.into_iter().filter(picked) {
-            let result = runtime.block_on(w3(&server, kind, sections));
-            let bound = 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
+            // The same sections by one contender: Redis's work without
+            // contention, to see what contention adds (polling would show).
+            let alone = runtime.block_on(w3(&server, kind, sections / 4, 1));
+            let result = runtime.block_on(w3(&server, kind, sections, CONTENDERS));
+            let bound = |rtt: Duration| 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
             report.push_str(&format!(
-                "| {} | {:.0} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
+                "| {} | {:.0} | {:.2} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {:.1} | {} |\n",
                 kind.label(),
                 result.rate,
-                result.rate / bound,
+                result.rate / bound(rtt),
+                result.rate / bound(idle_rtt),
                 ms(result.wait[0]),
                 ms(result.wait[1]),
                 ms(result.wait[2]),
@@ -137,6 +142,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
                 ms(result.handoff[1]),
                 result.busiest * 100.0,
                 result.redis_cpu.as_secs_f64() * 1e6,
+                result.redis_cpu.as_secs_f64() / alone.redis_cpu.as_secs_f64(),
                 if result.counter_ok {
                     "exact"
                 } else {
@@ -146,8 +152,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             plot.push((kind.label(), result.handoff));
         }
         report.push_str(&format!(
-        "\nPING round trip {} ms. Hand-off: from the holder sending its release to the next contender holding the lock ([plot](w3-handoff.svg)).\n",
-        ms(rtt)
+        "\nPING round trip (p50) {} ms back to back, {} ms after 1 ms idle (as a waiter's: the idle worker threads and vCPU wake up first). Hand-off: from the holder sending its release to the next contender holding the lock ([plot](w3-handoff.svg)). \"× one contender's\": Redis CPU per section over that of the same sections run by a single contender.\n",
+        ms(rtt),
+        ms(idle_rtt)
     ));
     }
     println!("{report}");
@@ -384,7 +391,8 @@ fn redis_benchmark(
     (set, evalsha, 1.0 / (1.0 / set + 1.0 / evalsha))
 }
 
-async fn ping_rtt(server: &RedisServer) -> Duration {
+/// PING round trip, p50, each PING sent after `idle`.
+async fn ping_rtt(server: &RedisServer, idle: Duration) -> Duration {
     let mut connection = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -392,6 +400,9 @@ async fn ping_rtt(server: &RedisServer) -> Duration {
         .unwrap();
     let mut rtts = Vec::new();
     for _ in 0..1000 {
+        if !idle.is_zero() {
+            tokio::time::sleep(idle).await;
+        }
         let sent = Instant::now();
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
@@ -450,16 +461,17 @@ async fn section(
     samples.last_release = Some(Instant::now());
 }
 
-async fn w3(server: &RedisServer, kind: Kind, sections: usize) -> Contention {
-    const CONTENDERS: usize = 8;
-    let key = format!("w3:{kind:?}");
+const CONTENDERS: usize = 8;
+
+async fn w3(server: &RedisServer, kind: Kind, sections: usize, contenders: usize) -> Contention {
+    let key = format!("w3:{kind:?}:{contenders}");
     let counter_key = format!("{key}:counter");
     let claimed = Arc::new(AtomicUsize::new(0));
     let samples = Arc::new(Mutex::new(Samples::default()));
     let cpu_before = redis_cpu(server);
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..CONTENDERS {
+    for _ in 0..contenders {
         let mut locker = Locker::new(kind, &server.url(), &key, true).await;
         let mut counter = redis::Client::open(server.url())
             .unwrap()
