@@ -56,7 +56,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     if runs("w1") {
         let pairs = (20_000.0 * scale) as usize;
         report.push_str(&format!(
-            "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence\n\n"
+            "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence (interleaved in 20 rounds)\n\n"
         ));
         report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
         let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs, &picked));
@@ -86,7 +86,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     if runs("w2") {
         let pairs = (50_000.0 * scale) as usize;
         report.push_str(&format!(
-            "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs (interleaved in 10 rounds)\n\n"
+            "\n### W2: many keys, 50 tasks on one client, each on its own key, {pairs} pairs (interleaved in 25 rounds)\n\n"
         ));
         report.push_str("| implementation | pairs/s | × hand-written | client CPU per pair | Redis CPU per pair | Redis socket reads per pair |\n|---|---:|---:|---:|---:|---:|\n");
         let w2 = runtime.block_on(w2_interleaved(&server, pairs, &picked));
@@ -211,15 +211,15 @@ struct Pairs {
     redis_cpu: Duration,
 }
 
-/// W1 for every implementation, interleaved: 10 rounds, each running a
-/// tenth of the pairs of every implementation in turn, so that the machine's
+/// W1 for every implementation, interleaved: 20 rounds, each running a
+/// twentieth of the pairs of every implementation in turn, so that the machine's
 /// changing load falls on all of them alike.
 async fn w1_interleaved(
     server: &RedisServer,
     pairs: usize,
     picked: &impl Fn(&Kind) -> bool,
 ) -> Vec<(Kind, Pairs)> {
-    const ROUNDS: usize = 10;
+    const ROUNDS: usize = 20;
     let mut lockers = Vec::new();
     for kind in W1_KINDS.into_iter().filter(picked) {
         let key = format!("w1:{kind:?}");
@@ -285,15 +285,15 @@ struct W2 {
     reads: f64,
 }
 
-/// W2 for every implementation, interleaved like W1: in each of 10 rounds,
+/// W2 for every implementation, interleaved like W1: in each of 25 rounds,
 /// every implementation runs 50 tasks (each on its own key, all sharing
-/// one client or connection) for a tenth of the pairs.
+/// one client or connection) for a 25th of the pairs.
 async fn w2_interleaved(
     server: &RedisServer,
     pairs: usize,
     picked: &impl Fn(&Kind) -> bool,
 ) -> Vec<W2> {
-    const ROUNDS: usize = 10;
+    const ROUNDS: usize = 25;
     const TASKS: usize = 50;
     let per_task = pairs / ROUNDS / TASKS;
     let mut lockers = Vec::new();

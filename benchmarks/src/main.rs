@@ -3,12 +3,10 @@
 //!
 //! ```text
 //! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
-//! cargo run --release -p lock-bench -- handoff [--contenders 8] [--sections 2000] [--hold-ms 1]
 //! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3] [--kinds manual,handwritten]
 //! ```
 
 mod compare;
-mod handoff;
 mod implementations;
 mod process_usage;
 mod renewal;
@@ -19,11 +17,11 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("renewal") => renewal::main(&args[1..]),
-        Some("handoff") => handoff::main(&args[1..]),
         Some("compare") => compare::main(&args[1..]),
         _ => {
             eprintln!(
-                "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]"
+                "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
+                 lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3] [--kinds manual,handwritten]"
             );
             ExitCode::FAILURE
         }
