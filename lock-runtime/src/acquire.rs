@@ -218,10 +218,18 @@ impl Acquisition<'_> {
                     .arg(self.ttl_ms)
                     .query_async(&mut connection)
                     .await?;
-                Ok(match set {
-                    redis::Value::Nil => Attempt::Busy(None),
-                    _ => Attempt::Acquired(None),
-                })
+                match set {
+                    redis::Value::Okay => Ok(Attempt::Acquired(None)),
+                    redis::Value::SimpleString(ok) if ok == "OK" => Ok(Attempt::Acquired(None)),
+                    redis::Value::Nil => Ok(Attempt::Busy(None)),
+                    // Not what Redis answers SET NX; an unknown outcome (the
+                    // caller cleans up a lock it may hold).
+                    other => Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "unexpected reply to SET NX PX",
+                        format!("{other:?}"),
+                    ))),
+                }
             })
             .await
     }

@@ -1,7 +1,7 @@
 //! The Lua scripts. Each runs atomically in Redis: no other command runs
-//! between its reads and its writes. They are sent by EVALSHA; the `redis`
-//! crate loads a script and retries once when Redis answers NOSCRIPT (after a
-//! restart or SCRIPT FLUSH).
+//! between its reads and its writes. They are sent by EVALSHA ([`evalsha`]);
+//! [`run`] loads a script and retries once when Redis answers NOSCRIPT (after
+//! a restart or SCRIPT FLUSH).
 
 use once_cell::sync::Lazy;
 use redis::{aio::ConnectionLike, Cmd, FromRedisValue, RedisResult, Script};
