@@ -222,9 +222,13 @@ fn a_lock_taken_ahead_of_the_queue_still_wakes_it() {
         queued(&server, "ahead")
     });
     let held = || value(&redis(&server, &["GET", "lock:{ahead}"])).unwrap_or_default();
+    // The holder's value names the waiter its release must wake: the
+    // waiter's queue entry, `<its client's channel>|<its token>`.
+    let queued = value(&redis(&server, &["LINDEX", "lock:{ahead}:queue", "0"])).unwrap();
+    assert!(queued.starts_with("lock-waiters:"), "{queued}");
     assert_eq!(
         held(),
-        format!("{}|q", first.token()),
+        format!("{}|{queued}", first.token()),
         "a waiter queueing marks the holder"
     );
     // While the waiter sleeps, the first holder's key goes (as at its
@@ -236,7 +240,7 @@ fn a_lock_taken_ahead_of_the_queue_still_wakes_it() {
     waiter.resume();
     // The waiter's next attempt (its queue refresh) marks the newcomer...
     wait_until("the newcomer marked", LINE_TIMEOUT, || {
-        held() == format!("{}|q", newcomer.token())
+        held() == format!("{}|{queued}", newcomer.token())
     });
     // ... whose release then wakes it: one message, and the lock is its.
     let published = calls(&server, "publish");
@@ -245,4 +249,66 @@ fn a_lock_taken_ahead_of_the_queue_still_wakes_it() {
     assert_eq!(calls(&server, "publish") - published, 1);
     let lost = runtime.block_on(first.release()).unwrap_err();
     assert!(lost.is_lost(), "{lost:?}");
+}
+
+#[test]
+fn the_wake_mark_follows_the_head_of_the_queue() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (holder_client, waiter_client) = runtime.block_on(async {
+        let config = || Config::new(server.url());
+        (
+            Client::new(config()).unwrap(),
+            Client::new(config()).unwrap(),
+        )
+    });
+    let holder = runtime
+        .block_on(
+            Lock::new("line")
+                .ttl(Duration::from_secs(30))
+                .client(holder_client)
+                .acquire(),
+        )
+        .unwrap();
+    let held = || value(&redis(&server, &["GET", "lock:{line}"])).unwrap_or_default();
+    let entry = |index: &str| value(&redis(&server, &["LINDEX", "lock:{line}:queue", index]));
+    let queue_length =
+        |n: usize| redis(&server, &["LLEN", "lock:{line}:queue"]) == format!(":{n}\r\n");
+    // First in line: a waiter in this process that gives up after 1 s.
+    let first = runtime.spawn(async move {
+        Lock::new("line")
+            .wait(Duration::from_secs(1))
+            .client(waiter_client)
+            .acquire()
+            .await
+    });
+    wait_until("the first waiter queued", LINE_TIMEOUT, || queue_length(1));
+    let first_entry = entry("0").unwrap();
+    let mut second = worker(&server, &["wait", "line", "2"]);
+    wait_until("the second waiter queued", LINE_TIMEOUT, || queue_length(2));
+    let second_entry = entry("1").unwrap();
+    let mut third = worker(&server, &["wait", "line", "3"]);
+    wait_until("the third waiter queued", LINE_TIMEOUT, || queue_length(3));
+    let third_entry = entry("2").unwrap();
+    assert_eq!(held(), format!("{}|{first_entry}", holder.token()));
+
+    // The first gives up: its leaving names the next in line.
+    let gave_up = runtime.block_on(first).unwrap().unwrap_err();
+    assert!(gave_up.is_busy(), "{gave_up:?}");
+    wait_until("the mark names the second", LINE_TIMEOUT, || {
+        held() == format!("{}|{second_entry}", holder.token())
+    });
+
+    // The second dies: once its place expires (2 s without a refresh), the
+    // third's next refresh drops it and names itself.
+    second.kill_hard();
+    wait_until("the mark names the third", Duration::from_secs(10), || {
+        held() == format!("{}|{third_entry}", holder.token())
+    });
+
+    // The release wakes the third with one message.
+    let published = calls(&server, "publish");
+    runtime.block_on(holder.release()).unwrap();
+    assert_eq!(third.line(LINE_TIMEOUT), "done");
+    assert_eq!(calls(&server, "publish") - published, 1);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::error::{LockError, LostCause};
 use crate::hold::Hold;
 use crate::renewal::Registration;
-use crate::scripts::{evalsha, run, RELEASE};
+use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
 use crate::watch::{watch, HeldLock};
 
 /// What to do with the body when a renewed lock is lost.
@@ -26,20 +26,25 @@ pub enum OnLost {
 }
 
 /// Compare-and-delete (or, with `hold_at_least`, compare-and-shorten), and
-/// wake the next waiter: one EVALSHA round trip.
+/// wake the waiter the lock's mark names: one EVALSHA round trip on the lock
+/// key alone.
 async fn release(hold: &Hold) -> Result<(), LockError> {
     let mut connection = hold.client.connection();
     let keep_ms = hold.keep_for().as_millis() as u64;
-    let lock_key = hold.keys.lock.len();
-    let mut cmd = evalsha(&RELEASE, 3, 5, 3 * lock_key + 16 + hold.token.len() + 20);
-    cmd.arg(&hold.keys.lock)
-        .arg(hold.keys.queue())
-        .arg(hold.keys.waiters())
-        .arg(&hold.token)
-        .arg(keep_ms);
+    // Only the lock key: the wake mark in its value names the waiter to wake.
+    let script = if keep_ms > 0 {
+        &*RELEASE_KEEPING
+    } else {
+        &*RELEASE
+    };
+    let mut cmd = evalsha(script, 1, 3, hold.keys.lock.len() + hold.token.len() + 20);
+    cmd.arg(&hold.keys.lock).arg(&hold.token);
+    if keep_ms > 0 {
+        cmd.arg(keep_ms);
+    }
     let outcome: i64 = hold
         .client
-        .call(hold.name(), "release", run(&RELEASE, &cmd, &mut connection))
+        .call(hold.name(), "release", run(script, &cmd, &mut connection))
         .await?;
     let lost = |cause| LockError::Lost {
         key: hold.name().to_owned(),

@@ -34,21 +34,58 @@ pub(crate) async fn run<T: FromRedisValue>(
     }
 }
 
-// A held lock's value is its holder's token, followed by `|q` once waiters
-// are queued behind it (the "queued" mark): a release then knows whether it
-// has anyone to wake without reading the queue, so an uncontended release is
-// GET + DEL like a bare compare-and-delete. The acquire script marks the
-// lock when a waiter queues behind it, or when it hands the lock to a
-// waiter that leaves others queued. A lock taken by a plain `SET NX PX`
-// ahead of queued waiters is unmarked until one of them tries again: each
-// was woken by the release before (and so tries at once), or wakes by its
-// own timer (the holder's expiry, its queue refresh) at the latest.
+// A held lock's value is its holder's token, followed by `|<channel>|<token>`
+// (the "wake" mark) while waiters are queued behind it: the queue entry of
+// the first of them, the one its release must wake. The release then needs
+// neither the queue nor a second key: an uncontended release is GET + DEL on
+// the lock key alone, like a bare compare-and-delete. Every script that
+// changes the head of the queue while the lock is held (a waiter joining an
+// empty queue, a waiter taking the lock with others left behind it, the
+// pruning of a waiter that stopped refreshing its place, a waiter leaving)
+// rewrites the mark to name the new head. A lock taken by a plain `SET NX
+// PX` ahead of queued waiters is unmarked until one of them tries again:
+// each was woken by the release before (and so tries at once), or wakes by
+// its own timer (the holder's expiry, its queue refresh) at the latest.
+
+/// Lua: `mark(head)` makes the held lock's mark name `head` (or removes the
+/// mark when `head` is false), keeping the holder's token and the key's ttl.
+/// Does nothing when the lock is free.
+const MARK: &str = r"
+local function mark(head)
+  local held = redis.call('GET', KEYS[1])
+  if not held then return end
+  local owner = held
+  local bar = string.find(held, '|', 1, true)
+  if bar then owner = string.sub(held, 1, bar - 1) end
+  local wanted = owner
+  if head then wanted = owner .. '|' .. head end
+  if wanted ~= held then redis.call('SET', KEYS[1], wanted, 'KEEPTTL') end
+end
+";
+
+/// Lua: drops waiters that stopped refreshing their place from the head of
+/// the queue (KEYS[q], deadlines in KEYS[w]), up to `stop` (a member never
+/// dropped, or false); returns the new head or false.
+const PRUNE: &str = r"
+local function prune(q, w, stop, now_ms)
+  local head = redis.call('LINDEX', KEYS[q], '0')
+  while head and head ~= stop do
+    local expiry = tonumber(redis.call('ZSCORE', KEYS[w], head))
+    if expiry and expiry > now_ms() then break end
+    redis.call('LPOP', KEYS[q])
+    redis.call('ZREM', KEYS[w], head)
+    head = redis.call('LINDEX', KEYS[q], '0')
+  end
+  return head
+end
+";
 
 /// Takes the lock if it is free and the caller may take it, with a fencing
 /// token when asked, in one step; otherwise (when asked) puts the caller in
-/// the queue of waiters that releases wake one at a time, and marks the
-/// holder's value as queued. (An uncontended try that needs neither the
-/// queue nor a fencing token is a plain `SET NX PX` instead.)
+/// the queue of waiters that releases wake one at a time, and makes the
+/// holder's wake mark name the head of the queue. (An uncontended try that
+/// needs neither the queue nor a fencing token is a plain `SET NX PX`
+/// instead.)
 ///
 /// KEYS = lock, fence, queue, waiters.
 /// ARGV = token, ttl_ms,
@@ -69,9 +106,10 @@ pub(crate) async fn run<T: FromRedisValue>(
 /// last token + 1 if that is not larger: strictly increasing per key while
 /// the fence key lives, and across its expiry as long as the server clock
 /// does not step back.
-pub(crate) static ACQUIRE: Lazy<Script> = Lazy::new(|| {
-    Script::new(
-        r"
+pub(crate) static ACQUIRE: Lazy<Script> =
+    Lazy::new(|| Script::new(&[MARK, PRUNE, ACQUIRE_BODY].concat()));
+
+const ACQUIRE_BODY: &str = r"
 local timeout = tonumber(ARGV[4])
 local now_us = false
 local function now_ms()
@@ -81,29 +119,26 @@ local function now_ms()
   end
   return math.floor(now_us / 1000)
 end
-local head = redis.call('LINDEX', KEYS[3], '0')
-while head and head ~= ARGV[7] do
-  local expiry = tonumber(redis.call('ZSCORE', KEYS[4], head))
-  if expiry and expiry > now_ms() then break end
-  redis.call('LPOP', KEYS[3])
-  redis.call('ZREM', KEYS[4], head)
-  head = redis.call('LINDEX', KEYS[3], '0')
-end
+local head = prune(3, 4, ARGV[7], now_ms)
 local may = ARGV[6] == '0' or not head or head == ARGV[7]
--- taken with waiters left in the queue: marked, so its release wakes one
-local value = ARGV[1]
-if head and (head ~= ARGV[7] or redis.call('LLEN', KEYS[3]) > 1) then value = ARGV[1] .. '|q' end
-if may and redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-  if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
-    redis.call('LREM', KEYS[3], '1', ARGV[7])
+if may then
+  -- the waiter to wake after this holder: the first in line other than it
+  local after = head
+  if head == ARGV[7] then after = redis.call('LINDEX', KEYS[3], '1') end
+  local value = ARGV[1]
+  if after then value = ARGV[1] .. '|' .. after end
+  if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
+    if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
+      redis.call('LREM', KEYS[3], '1', ARGV[7])
+    end
+    if ARGV[3] == '0' then return {1, 0} end
+    now_ms()
+    local fence = now_us
+    local last = tonumber(redis.call('GET', KEYS[2]))
+    if last and last >= fence then fence = last + 1 end
+    redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+    return {1, fence}
   end
-  if ARGV[3] == '0' then return {1, 0} end
-  now_ms()
-  local fence = now_us
-  local last = tonumber(redis.call('GET', KEYS[2]))
-  if last and last >= fence then fence = last + 1 end
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return {1, fence}
 end
 if ARGV[5] == '1' then
   if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
@@ -111,62 +146,54 @@ if ARGV[5] == '1' then
   end
   redis.call('PEXPIRE', KEYS[3], timeout * 2)
   redis.call('PEXPIRE', KEYS[4], timeout * 2)
-  local held = redis.call('GET', KEYS[1])
-  if held and string.sub(held, -2) ~= '|q' then redis.call('APPEND', KEYS[1], '|q') end
+  if not head then head = ARGV[7] end
 end
+mark(head)
 return {0, redis.call('PTTL', KEYS[1])}
-",
-    )
-});
+";
 
-/// Releases the lock only if it still holds the caller's token.
+/// Releases the lock only if it still holds the caller's token: deletes it
+/// and, if its wake mark names a waiter, publishes that waiter's token on
+/// its client's channel (the mark is `<channel>|<token>`).
 ///
-/// KEYS = lock, queue, waiters. ARGV = token, keep_ms.
-/// With `keep_ms` > 0 (`hold_at_least`), the key is kept for that long
-/// instead of deleted. Otherwise it is deleted and, if it was marked queued,
-/// the release is published to the first live waiter in the queue: its
-/// token, on its client's channel (queue entries are `<channel>|<token>`).
-/// Returns 2 when released with a waiter woken, 1 when released (or kept),
-/// 0 when the key was gone (expired), -1 when another holder's token is
-/// there (left untouched).
+/// KEYS = lock. ARGV = token.
+/// Returns 2 when released with a waiter woken, 1 when released, 0 when the
+/// key was gone (expired), -1 when another holder's token is there (left
+/// untouched).
 pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
-  -- nobody queued: what a bare compare-and-delete does
-  if ARGV[2] ~= '0' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  else
-    redis.call('DEL', KEYS[1])
-  end
+  redis.call('DEL', KEYS[1])
   return 1
 end
-if held ~= ARGV[1] .. '|q' then
-  if held == false then return 0 end
-  return -1
-end
-if ARGV[2] ~= '0' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
+if held == false then return 0 end
+local mine = #ARGV[1] + 1
+if string.sub(held, 1, mine) ~= ARGV[1] .. '|' then return -1 end
 redis.call('DEL', KEYS[1])
-local head = redis.call('LINDEX', KEYS[2], '0')
-if head then
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  while head do
-    local expiry = tonumber(redis.call('ZSCORE', KEYS[3], head))
-    if expiry and expiry > now_ms then break end
-    redis.call('LPOP', KEYS[2])
-    redis.call('ZREM', KEYS[3], head)
-    head = redis.call('LINDEX', KEYS[2], '0')
-  end
-end
-if not head then return 1 end
-local bar = string.find(head, '|', 1, true)
-redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
+local waiter = string.sub(held, mine + 1)
+local bar = string.find(waiter, '|', 1, true)
+redis.call('PUBLISH', string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1))
 return 2
+",
+    )
+});
+
+/// `hold_at_least`: instead of deleting the lock, keeps it for `keep_ms`
+/// more (the rest of the minimum hold), if it still holds the caller's
+/// token. Wakes nobody: waiters sleep at most until the key's expiry.
+///
+/// KEYS = lock. ARGV = token, keep_ms. Returns 1 when kept, 0 when the key
+/// was gone, -1 when another holder's token is there.
+pub(crate) static RELEASE_KEEPING: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r"
+local held = redis.call('GET', KEYS[1])
+if held == false then return 0 end
+if held ~= ARGV[1] and string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
 ",
     )
 });
@@ -174,40 +201,35 @@ return 2
 /// A waiter gives up its place (wait ran out, an error, or it was cancelled).
 ///
 /// KEYS = lock, queue, waiters. ARGV = member (`<channel>|<token>`).
-/// If it was first in line and the lock is free, the next waiter is told.
-pub(crate) static LEAVE: Lazy<Script> = Lazy::new(|| {
-    Script::new(
-        r"
+/// The holder's wake mark then names the new head of the queue; if the lock
+/// is free and the leaver was first in line, the new head is told instead.
+pub(crate) static LEAVE: Lazy<Script> =
+    Lazy::new(|| Script::new(&[MARK, PRUNE, LEAVE_BODY].concat()));
+
+const LEAVE_BODY: &str = r"
 local first = redis.call('LINDEX', KEYS[2], '0') == ARGV[1]
 redis.call('LREM', KEYS[2], '0', ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if first and redis.call('EXISTS', KEYS[1]) == 0 then
+local function now_ms()
   local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local head = redis.call('LINDEX', KEYS[2], '0')
-  while head do
-    local expiry = tonumber(redis.call('ZSCORE', KEYS[3], head))
-    if expiry and expiry > now_ms then break end
-    redis.call('LPOP', KEYS[2])
-    redis.call('ZREM', KEYS[3], head)
-    head = redis.call('LINDEX', KEYS[2], '0')
-  end
-  if head then
-    local bar = string.find(head, '|', 1, true)
-    redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
-  end
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local head = prune(2, 3, false, now_ms)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  mark(head)
+elseif first and head then
+  local bar = string.find(head, '|', 1, true)
+  redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
 end
 return 1
-",
-    )
-});
+";
 
 /// Source of [`RENEW`], for loading it after a NOSCRIPT inside a pipeline.
 pub(crate) const RENEW_SOURCE: &str = r"
 local result = {}
 for i, key in ipairs(KEYS) do
   local held = redis.call('GET', key)
-  if held == ARGV[2 * i] or held == ARGV[2 * i] .. '|q' then
+  if held == ARGV[2 * i] or (held and string.sub(held, 1, #ARGV[2 * i] + 1) == ARGV[2 * i] .. '|') then
     redis.call('PEXPIRE', key, ARGV[2 * i - 1])
     result[i] = 1
   elseif held == false then
