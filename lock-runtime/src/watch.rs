@@ -86,7 +86,8 @@ impl HeldLock {
     }
 
     /// This acquisition's random token: the value stored in the key
-    /// (followed by `|q` while waiters are queued behind this holder).
+    /// (followed by `|<channel>|<token>`, the first queued waiter's entry,
+    /// while waiters are queued behind this holder).
     pub fn token(&self) -> &str {
         &self.hold.token
     }
