@@ -167,7 +167,8 @@ fn fair_waiters_get_the_lock_in_arrival_order() {
         assert_eq!(waiter.line(LINE_TIMEOUT), "done");
     }
     // Each release woke the next in line with one message (each waiter
-    // that took the lock with others still queued was marked as queued).
+    // that took the lock with others still queued named the next in its
+    // wake mark).
     assert_eq!(calls(&server, "publish") - published, WAITERS as u64);
     let order = redis(&server, &["LRANGE", "order", "0", "-1"]);
     let order: Vec<usize> = order

@@ -157,7 +157,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// its client's channel (the mark is `<channel>|<token>`).
 ///
 /// KEYS = lock. ARGV = token.
-/// Returns 2 when released with a waiter woken, 1 when released, 0 when the
+/// Returns 2 when released with the message received by the waiter's
+/// client, 1 when released (nobody to wake, or nobody listening), 0 when the
 /// key was gone (expired), -1 when another holder's token is there (left
 /// untouched).
 pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
@@ -174,8 +175,10 @@ if string.sub(held, 1, mine) ~= ARGV[1] .. '|' then return -1 end
 redis.call('DEL', KEYS[1])
 local waiter = string.sub(held, mine + 1)
 local bar = string.find(waiter, '|', 1, true)
-redis.call('PUBLISH', string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1))
-return 2
+if not bar then return 1 end
+-- 2 only if a client listens on the waiter's channel
+if redis.call('PUBLISH', string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1)) > 0 then return 2 end
+return 1
 ",
     )
 });
