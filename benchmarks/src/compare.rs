@@ -56,7 +56,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     if runs("w1") {
         let pairs = (20_000.0 * scale) as usize;
         report.push_str(&format!(
-            "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence (interleaved in 20 rounds)\n\n"
+            "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence (interleaved in 100 rounds)\n\n"
         ));
         report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
         let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs, &picked));
@@ -211,15 +211,15 @@ struct Pairs {
     redis_cpu: Duration,
 }
 
-/// W1 for every implementation, interleaved: 20 rounds, each running a
-/// twentieth of the pairs of every implementation in turn, so that the machine's
+/// W1 for every implementation, interleaved: 100 rounds, each running a
+/// hundredth of the pairs of every implementation in turn, so that the machine's
 /// changing load falls on all of them alike.
 async fn w1_interleaved(
     server: &RedisServer,
     pairs: usize,
     picked: &impl Fn(&Kind) -> bool,
 ) -> Vec<(Kind, Pairs)> {
-    const ROUNDS: usize = 20;
+    const ROUNDS: usize = 100;
     let mut lockers = Vec::new();
     for kind in W1_KINDS.into_iter().filter(picked) {
         let key = format!("w1:{kind:?}");
