@@ -13,6 +13,7 @@ use test_support::RedisServer;
 use crate::implementations::{attribute_pair, attribute_section, Kind, Locker};
 use crate::option;
 use crate::process_usage::{cpu_time, redis_cpu, redis_reads};
+use crate::renewal;
 
 const W1_KINDS: [Kind; 4] = [
     Kind::Manual,
@@ -52,6 +53,24 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut report = String::new();
     report.push_str(&machine(&server));
+    // W4 runs first, on a server of its own, so that the memory the other
+    // workloads leave behind does not blur its resident-memory figure; its
+    // table comes last.
+    let w4 = runs("w4").then(|| {
+        let server = RedisServer::start();
+        let hold = Duration::from_secs_f64((20.0 * scale).max(3.0));
+        let (row, _) = runtime.block_on(renewal::run(
+            &server,
+            10_000,
+            Duration::from_secs(1),
+            hold,
+        ));
+        format!(
+            "\n### W4: renewal at scale, 10000 renewed locks (ttl 1 s, renewed every ttl/3) held {:.0} s by one client\n\n{}{row}\n",
+            hold.as_secs_f64(),
+            renewal::HEADER
+        )
+    });
 
     if runs("w1") {
         let pairs = (20_000.0 * scale) as usize;
@@ -156,6 +175,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         ms(rtt),
         ms(idle_rtt)
     ));
+    }
+    if let Some(w4) = w4 {
+        report.push_str(&w4);
     }
     println!("{report}");
     if write {

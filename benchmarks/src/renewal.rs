@@ -22,12 +22,13 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     println!("renewal benchmark: ttl {ttl:?} (renewed every ttl/3), held {seconds} s per run");
     println!();
-    println!("| locks | renewals/s | round trips/s | renewals per round trip | missed renewals | lost | failed round trips | RSS per lock | client CPU | Redis CPU | other client's PING p50 / p99 / max |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    print!("{HEADER}");
     let mut all_kept = true;
     for count in counts {
         let server = RedisServer::start();
-        all_kept &= runtime.block_on(run(&server, count, ttl, Duration::from_secs(seconds)));
+        let (row, kept) = runtime.block_on(run(&server, count, ttl, Duration::from_secs(seconds)));
+        println!("{row}");
+        all_kept &= kept;
     }
     if all_kept {
         ExitCode::SUCCESS
@@ -36,7 +37,18 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     }
 }
 
-async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) -> bool {
+/// The table's header, for the rows [`run`] returns.
+pub(crate) const HEADER: &str = "| locks | renewals/s | round trips/s | renewals per round trip | missed renewals | lost | failed round trips | RSS per lock | client CPU | Redis CPU | other client's PING p50 / p99 / max |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+
+/// Takes `count` renewed locks with one client, holds them for `hold`, and
+/// returns the table row and whether every lock was kept with no renewal
+/// missed.
+pub(crate) async fn run(
+    server: &RedisServer,
+    count: usize,
+    ttl: Duration,
+    hold: Duration,
+) -> (String, bool) {
     let client = Client::new(Config::new(server.url())).expect("client");
     // Warm the connection so its buffers are not counted per lock.
     Lock::new("warm-up")
@@ -90,7 +102,7 @@ async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) 
     let renewals = (stats.renewals_sent - stats_before.renewals_sent) as f64;
     let round_trips = (stats.round_trips - stats_before.round_trips) as f64;
     let missed = stats.late_renewals;
-    println!(
+    let row = format!(
         "| {count} | {:.0} | {:.1} | {:.0} | {missed} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core | {} |",
         renewals / elapsed,
         round_trips / elapsed,
@@ -106,7 +118,7 @@ async fn run(server: &RedisServer, count: usize, ttl: Duration, hold: Duration) 
     for guard in guards {
         let _ = guard.release().await;
     }
-    missed == 0 && held == count
+    (row, missed == 0 && held == count)
 }
 
 /// PINGs Redis every 5 ms for `period` on a connection of its own; returns
