@@ -8,7 +8,9 @@
 //! Nothing here ever talks to a server it did not start.
 
 mod process;
+pub mod proxy;
 pub use process::Process;
+pub use proxy::Proxy;
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
