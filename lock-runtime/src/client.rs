@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::connection::Connection;
 use crate::error::LockError;
 use crate::notify::Notifier;
 use crate::redact::redact_url;
@@ -113,7 +114,7 @@ pub struct Client {
 
 struct ClientInner {
     config: Config,
-    connection: ConnectionManager,
+    connection: Arc<Connection>,
     renewer: Arc<Renewer>,
     notifier: Arc<Notifier>,
     /// Keys this client released lately while a waiter queued: its next
@@ -124,13 +125,6 @@ struct ClientInner {
 /// How long after handing a lock over to a waiter this client's own next
 /// request for it lets the waiter go first.
 const HAND_OVER_WINDOW: Duration = Duration::from_millis(50);
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        // Lets an idle renewal driver see that its client is gone and exit.
-        self.renewer.nudge();
-    }
-}
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -156,6 +150,12 @@ impl Client {
                 "the lock client must be created inside a Tokio runtime",
             ));
         }
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; keep one that the
+            // program installed itself.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             // Each call runs under `within(connect + response timeout)`,
@@ -168,15 +168,17 @@ impl Client {
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
         let connection =
-            ConnectionManager::new_lazy_with_config(redis_client.clone(), manager_config).map_err(
+            Connection::new(redis_client.clone(), manager_config, call_deadline(&config)).map_err(
                 |error| {
                     LockError::config(format!(
-                        "cannot set up the Redis client for `{}`: {error}",
-                        config.redacted_url()
+                        "cannot set up the Redis client for `{}`: {}",
+                        config.redacted_url(),
+                        error.kind_description()
                     ))
                 },
             )?;
-        let renewer = Renewer::new(connection.clone(), call_deadline(&config));
+        let connection = Arc::new(connection);
+        let renewer = Renewer::new(Arc::clone(&connection));
         let notifier = Notifier::new(redis_client.clone(), call_deadline(&config))?;
         Ok(Client {
             inner: Arc::new(ClientInner {
@@ -241,24 +243,28 @@ impl Client {
         &self.inner.config.key_prefix
     }
 
-    pub(crate) fn connection(&self) -> ConnectionManager {
-        self.inner.connection.clone()
-    }
-
     /// The longest one Redis call may take before it fails with a timeout.
     pub(crate) fn call_deadline(&self) -> Duration {
         call_deadline(&self.inner.config)
     }
 
-    /// Runs one Redis call under the client's deadline, so that no call can
-    /// hang however the connection misbehaves.
-    pub(crate) async fn call<T>(
+    /// Runs one Redis call that is safe to repeat under the client's
+    /// deadline, retried on a fresh connection when the connection fails
+    /// (see [`Connection::call`]); no call can hang however the connection
+    /// misbehaves.
+    pub(crate) async fn call<T, F, Fut>(
         &self,
         key: &str,
         operation: &'static str,
-        call: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, LockError> {
-        within(self.call_deadline(), call)
+        attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(ConnectionManager, u32) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.inner
+            .connection
+            .call(attempt)
             .await
             .map_err(|source| LockError::redis(key, operation, source))
     }
@@ -277,11 +283,7 @@ pub(crate) async fn within<T>(
 ) -> redis::RedisResult<T> {
     match tokio::time::timeout(deadline, call).await {
         Ok(result) => result,
-        Err(_elapsed) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {deadline:?}"),
-        )
-        .into()),
+        Err(_elapsed) => Err(crate::connection::timed_out(deadline)),
     }
 }
 
@@ -327,25 +329,64 @@ fn global_clients() -> MutexGuard<'static, Vec<(tokio::runtime::Id, Client)>> {
 
 /// The process-wide client for the current Tokio runtime, built on first use
 /// from [`init`]'s configuration or from `REDIS_URL`. One connection (and one
-/// renewal driver) per runtime; most programs have exactly one runtime.
+/// renewal driver) per runtime; most programs have exactly one runtime. A
+/// runtime's client is dropped when the runtime shuts down, so a program (or
+/// a test suite) that creates runtime after runtime does not accumulate
+/// connections or file descriptors.
 pub fn global_client() -> Result<Client, LockError> {
     let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|_| LockError::config("locks must be taken inside a Tokio runtime"))?
-        .id();
-    let mut clients = global_clients();
-    if let Some((_, client)) = clients.iter().find(|(id, _)| *id == runtime) {
-        return Ok(client.clone());
-    }
-    let config = match GLOBAL_CONFIG.get() {
-        Some(config) => config.clone(),
-        None => Config::from_env()?,
+        .map_err(|_| LockError::config("locks must be taken inside a Tokio runtime"))?;
+    let id = runtime.id();
+    let client = {
+        let mut clients = global_clients();
+        if let Some((_, client)) = clients.iter().find(|(known, _)| *known == id) {
+            return Ok(client.clone());
+        }
+        let config = match GLOBAL_CONFIG.get() {
+            Some(config) => config.clone(),
+            None => Config::from_env()?,
+        };
+        let client = Client::new(config)?;
+        clients.push((id, client.clone()));
+        client
     };
-    let client = Client::new(config)?;
-    clients.push((runtime, client.clone()));
+    // A task that never ends on its own: the runtime drops it when it shuts
+    // down, and with it this runtime's client. Spawned after the list is
+    // unlocked, since a runtime already shutting down drops it at once.
+    let forget = ForgetOnDrop(id);
+    runtime.spawn(async move {
+        let _forget = forget;
+        std::future::pending::<()>().await;
+    });
     Ok(client)
 }
 
+/// Removes a runtime's process-wide client when dropped.
+struct ForgetOnDrop(tokio::runtime::Id);
+
+impl Drop for ForgetOnDrop {
+    fn drop(&mut self) {
+        let removed = {
+            let mut clients = global_clients();
+            clients
+                .iter()
+                .position(|(id, _)| *id == self.0)
+                .map(|at| clients.swap_remove(at))
+        };
+        drop(removed); // outside the lock
+    }
+}
+
 fn parse_url(config: &Config) -> Result<redis::Client, LockError> {
+    let scheme = config.url.split("://").next().unwrap_or_default();
+    if scheme.eq_ignore_ascii_case("rediss") && !TLS_BUILT_IN {
+        return Err(LockError::config(format!(
+            "`{}` asks for TLS (`rediss://`), but this build of lock-runtime has no TLS \
+             support: enable its `tls` feature (lock-runtime = {{ features = [\"tls\"] }}), or \
+             use `redis://` for a Redis without TLS",
+            config.redacted_url()
+        )));
+    }
     redis::Client::open(config.url.as_str()).map_err(|error| {
         LockError::config(format!(
             "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
@@ -354,6 +395,9 @@ fn parse_url(config: &Config) -> Result<redis::Client, LockError> {
         ))
     })
 }
+
+/// Whether the `redis` crate was built with TLS (lock-runtime's `tls` feature).
+const TLS_BUILT_IN: bool = cfg!(feature = "tls");
 
 trait KindDescription {
     fn kind_description(&self) -> String;

@@ -8,28 +8,31 @@
 //! per 100 locks. Each round trip has its own deadline. A lock whose renewal
 //! fails is retried shortly after, for as long as its validity lasts; a lock
 //! whose key is gone or held by another is marked lost at once.
+//!
+//! The driver task holds only a weak reference to its renewer: once the
+//! client and every lock it renews are gone, the renewer (and with it the
+//! connection) is dropped and the task ends.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
-use crate::client::within;
+use crate::connection::Connection;
 use crate::error::LostCause;
 use crate::hold::{drift_margin, Hold};
 use crate::scripts::{RENEW, RENEW_SOURCE};
 
-/// A lock is renewed with the others of a tick when it is due within this
-/// long, or within a third of its renewal interval if that is longer.
-/// Renewing a little early costs nothing, and lets locks acquired at
-/// different times converge into the same round trips.
-const COALESCE: Duration = Duration::from_millis(10);
-
+/// A lock is renewed with the others of a tick when it is due within a
+/// third of its renewal interval. Renewing a little early costs little, and
+/// lets locks acquired at different times converge into the same round
+/// trips; the window stays a fraction of the interval, so a lock is renewed
+/// at most every two thirds of its interval (at most 4.5 renewals per ttl),
+/// whatever its ttl.
 fn coalesce_window(interval: Duration) -> Duration {
-    (interval / 3).max(COALESCE)
+    interval / 3
 }
 /// Locks per script call (the script call blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;
@@ -104,13 +107,38 @@ impl Registry {
 }
 
 pub(crate) struct Renewer {
-    connection: ConnectionManager,
-    call_deadline: Duration,
+    connection: Arc<Connection>,
     registry: Mutex<Registry>,
-    wake: Notify,
+    /// Shared with the driver task, which holds the renewer only weakly.
+    wake: Arc<Notify>,
     /// The driver task, respawned if the runtime it ran on has shut down.
     driver: Mutex<Option<tokio::task::JoinHandle<()>>>,
     counters: Counters,
+}
+
+/// The driver: renews what is due, sleeps until the next due time or a new
+/// registration, and ends once its renewer is gone.
+async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
+    loop {
+        let Some(this) = renewer.upgrade() else {
+            return;
+        };
+        let (batch, next_due) = this.take_due(Instant::now());
+        if !batch.is_empty() {
+            tokio::spawn(this.renew(batch));
+            continue;
+        }
+        drop(this);
+        match next_due {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
 }
 
 /// A lock's place in the driver. Dropping it stops the lock's renewals; a
@@ -127,13 +155,19 @@ impl Drop for Registration {
     }
 }
 
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        // The driver wakes, finds its renewer gone, and ends.
+        self.wake.notify_one();
+    }
+}
+
 impl Renewer {
-    pub(crate) fn new(connection: ConnectionManager, call_deadline: Duration) -> Arc<Renewer> {
+    pub(crate) fn new(connection: Arc<Connection>) -> Arc<Renewer> {
         Arc::new(Renewer {
             connection,
-            call_deadline,
             registry: Mutex::new(Registry::default()),
-            wake: Notify::new(),
+            wake: Arc::new(Notify::new()),
             driver: Mutex::new(None),
             counters: Counters::default(),
         })
@@ -174,7 +208,10 @@ impl Renewer {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             if driver.as_ref().is_none_or(|task| task.is_finished()) {
-                *driver = Some(tokio::spawn(Arc::clone(self).drive()));
+                *driver = Some(tokio::spawn(drive(
+                    Arc::downgrade(self),
+                    Arc::clone(&self.wake),
+                )));
             }
         }
         self.wake.notify_one();
@@ -182,11 +219,6 @@ impl Renewer {
             renewer: Arc::clone(self),
             id,
         }
-    }
-
-    /// Wakes the driver, e.g. so it can exit once its client is gone.
-    pub(crate) fn nudge(&self) {
-        self.wake.notify_one();
     }
 
     pub(crate) fn stats(&self) -> RenewalStats {
@@ -198,27 +230,6 @@ impl Renewer {
             failed_round_trips: load(&self.counters.failed_round_trips),
             late_renewals: load(&self.counters.late_renewals),
             lost: load(&self.counters.lost),
-        }
-    }
-
-    async fn drive(self: Arc<Self>) {
-        loop {
-            let (batch, next_due) = self.take_due(Instant::now());
-            if !batch.is_empty() {
-                tokio::spawn(Arc::clone(&self).renew(batch));
-                continue;
-            }
-            match next_due {
-                Some(at) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at.into()) => {}
-                        _ = self.wake.notified() => {}
-                    }
-                }
-                // Nothing to renew and nobody left who could register.
-                None if Arc::strong_count(&self) == 1 => return,
-                None => self.wake.notified().await,
-            }
         }
     }
 
@@ -333,31 +344,33 @@ impl Renewer {
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let mut result = self.round_trip(&pipe).await;
-        if matches!(&result, Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
-        {
-            // Redis restarted or its script cache was flushed: load, retry.
-            let mut connection = self.connection.clone();
-            let load = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RENEW_SOURCE)
-                .to_owned();
-            let loaded = within(
-                self.call_deadline,
-                load.query_async::<String>(&mut connection),
-            )
-            .await;
-            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-            if loaded.is_ok() {
-                result = self.round_trip(&pipe).await;
-            }
-        }
-        result.map(|calls: Vec<Vec<i64>>| calls.into_iter().flatten().collect())
-    }
-
-    async fn round_trip(&self, pipe: &redis::Pipeline) -> redis::RedisResult<Vec<Vec<i64>>> {
-        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let mut connection = self.connection.clone();
-        within(self.call_deadline, pipe.query_async(&mut connection)).await
+        let calls: Vec<Vec<i64>> = self
+            .connection
+            .call(|mut connection, _| {
+                let pipe = &pipe;
+                async move {
+                    self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                    match pipe.query_async(&mut connection).await {
+                        Err(error)
+                            if error.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                        {
+                            // Redis restarted or its script cache was
+                            // flushed: load, and send the pipeline again.
+                            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                            redis::cmd("SCRIPT")
+                                .arg("LOAD")
+                                .arg(RENEW_SOURCE)
+                                .query_async::<String>(&mut connection)
+                                .await?;
+                            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                            pipe.query_async(&mut connection).await
+                        }
+                        result => result,
+                    }
+                }
+            })
+            .await?;
+        Ok(calls.into_iter().flatten().collect())
     }
 }

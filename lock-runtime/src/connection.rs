@@ -1,0 +1,142 @@
+//! The lock's Redis connection, and the one place that runs Redis calls.
+//!
+//! One auto-reconnecting, multiplexed connection (the `redis` crate's
+//! `ConnectionManager`) per client. Two faults it does not handle alone are
+//! handled here:
+//!
+//! - A connection closed while idle (Redis `timeout`, a proxy's or load
+//!   balancer's idle timeout, `CLIENT KILL`, a failover) fails the next call
+//!   with "broken pipe" although Redis is healthy. Every call this crate
+//!   makes is safe to repeat (releases and renewals compare by token, an
+//!   acquire retried with its token recognises a lock it already took), so a
+//!   call that fails on the connection is retried, on the connection the
+//!   manager re-opens, for as long as its deadline lasts.
+//! - A connection that stalls without closing would keep every later call
+//!   waiting behind the first: after a call times out, the connection is
+//!   replaced by a new one, and the stalled one is dropped.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, RedisResult, RetryMethod};
+
+/// The first pause before a retry; doubled up to [`MAX_RETRY_PAUSE`].
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(5);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+pub(crate) struct Connection {
+    redis: redis::Client,
+    config: ConnectionManagerConfig,
+    current: ArcSwap<Current>,
+    generation: AtomicU64,
+    /// The longest one call may take, its retries included.
+    deadline: Duration,
+}
+
+/// One connection manager; replaced as a whole when a call times out.
+pub(crate) struct Current {
+    generation: u64,
+    manager: ConnectionManager,
+}
+
+impl Connection {
+    pub(crate) fn new(
+        redis: redis::Client,
+        config: ConnectionManagerConfig,
+        deadline: Duration,
+    ) -> RedisResult<Connection> {
+        let manager = ConnectionManager::new_lazy_with_config(redis.clone(), config.clone())?;
+        Ok(Connection {
+            redis,
+            config,
+            current: ArcSwap::from_pointee(Current {
+                generation: 0,
+                manager,
+            }),
+            generation: AtomicU64::new(0),
+            deadline,
+        })
+    }
+
+    /// Replaces the connection `stale` (one that let a call time out) with a
+    /// new one, unless another call replaced it already.
+    fn replace(&self, stale: &Current) {
+        let Ok(manager) =
+            ConnectionManager::new_lazy_with_config(self.redis.clone(), self.config.clone())
+        else {
+            return; // cannot happen for a client that was built once
+        };
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let fresh = Arc::new(Current {
+            generation,
+            manager,
+        });
+        self.current.rcu(|current| {
+            if current.generation == stale.generation {
+                Arc::clone(&fresh)
+            } else {
+                Arc::clone(current)
+            }
+        });
+        tracing::debug!("Redis call timed out; the lock connection was replaced");
+    }
+
+    /// Runs `attempt` (given a connection and the attempt's number, from 0)
+    /// until it succeeds, fails with an error that retrying cannot help, or
+    /// the call's deadline passes. Only for calls that are safe to repeat:
+    /// an attempt that failed may still have run in Redis.
+    pub(crate) async fn call<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    where
+        F: FnMut(ConnectionManager, u32) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let deadline = Instant::now() + self.deadline;
+        let mut pause = FIRST_RETRY_PAUSE;
+        let mut number = 0;
+        loop {
+            let current = self.current.load_full();
+            let left = deadline.saturating_duration_since(Instant::now());
+            let error =
+                match tokio::time::timeout(left, attempt(current.manager.clone(), number)).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(error)) => error,
+                    Err(_elapsed) => {
+                        self.replace(&current);
+                        return Err(timed_out(self.deadline));
+                    }
+                };
+            if !retryable(&error) || Instant::now() + pause >= deadline {
+                return Err(error);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+            number += 1;
+        }
+    }
+}
+
+/// Whether a failed call may succeed if sent again: the connection broke
+/// (the manager reconnects), or Redis asked to try again (loading after a
+/// restart, a cluster in transition).
+pub(crate) fn retryable(error: &RedisError) -> bool {
+    if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        return false;
+    }
+    matches!(
+        error.retry_method(),
+        RetryMethod::Reconnect | RetryMethod::RetryImmediately | RetryMethod::WaitAndRetry
+    )
+}
+
+/// The error of a call that got no answer within `deadline`.
+pub(crate) fn timed_out(deadline: Duration) -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no answer within {deadline:?}"),
+    )
+    .into()
+}
