@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
+use crate::connection::retryable;
 use crate::error::LockError;
 use crate::guard::{spawn_release, LockGuard, OnLost};
 use crate::hold::{Acquired, Hold};
@@ -12,6 +13,7 @@ use crate::lock::Lock;
 use crate::notify::wait_for;
 use crate::scripts::{evalsha, run, ACQUIRE, LEAVE};
 use crate::token::new_token;
+use crate::watch::Scope;
 
 /// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
@@ -22,6 +24,9 @@ const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
 /// Fencing counters live at least this long after their last acquisition.
 const FENCE_RETENTION: Duration = Duration::from_secs(60);
+/// A waiter whose attempt failed on the connection tries again after this
+/// long (doubled up to the refresh interval), while its wait lasts.
+const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
 /// One call of `acquire` / `try_acquire`, with everything resolved.
 pub(crate) struct Acquisition<'a> {
@@ -29,8 +34,8 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) client: Client,
     pub(crate) keys: LockKeys,
     pub(crate) ttl_ms: u64,
-    /// The same lock, already held by a caller up this task's call chain.
-    pub(crate) held: Option<Arc<Hold>>,
+    /// The innermost scope of the same lock up this task's call chain.
+    pub(crate) held: Option<Arc<Scope>>,
 }
 
 /// Outcome of one attempt.
@@ -43,17 +48,15 @@ enum Attempt {
 }
 
 impl Acquisition<'_> {
-    /// Reentry: the lock is already held up this task's call chain.
-    pub(crate) fn reentered(&self) -> Result<Option<LockGuard>, LockError> {
-        let Some(hold) = &self.held else {
+    /// Reentry: the lock is already held up this task's call chain. The
+    /// entry takes the scope's permit, so concurrent entries of one task
+    /// exclude each other as entries from elsewhere do: at once without
+    /// `wait` (`Busy`), else within the wait (`WaitTimeout`).
+    pub(crate) async fn reentered(&self) -> Result<Option<LockGuard>, LockError> {
+        let Some(scope) = &self.held else {
             return Ok(None);
         };
-        if let Some(cause) = hold.lost_cause(Instant::now()) {
-            return Err(LockError::Lost {
-                key: hold.name().to_owned(),
-                cause,
-            });
-        }
+        let hold = scope.hold();
         if self.lock.settings().fencing && hold.fencing_token.is_none() {
             return Err(LockError::config(format!(
                 "lock `{}` asks for a fencing token, but its outer holder in this task took it \
@@ -61,15 +64,33 @@ impl Acquisition<'_> {
                 hold.name()
             )));
         }
-        Ok(Some(LockGuard::reentrant(Arc::clone(hold))))
+        let started = Instant::now();
+        if !scope.enter(self.lock.wait_setting()).await {
+            let key = self.lock.name_str().to_owned();
+            return Err(match self.lock.wait_setting() {
+                None => LockError::Busy { key },
+                Some(_) => LockError::WaitTimeout {
+                    key,
+                    waited: started.elapsed(),
+                },
+            });
+        }
+        let guard = LockGuard::reentrant(Arc::clone(scope));
+        if let Some(cause) = hold.lost_cause(Instant::now()) {
+            return Err(LockError::Lost {
+                key: hold.name().to_owned(),
+                cause,
+            }); // the guard gives the permit back
+        }
+        Ok(Some(guard))
     }
 
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
         let token = new_token()?;
-        let sent_at = Instant::now();
+        let mut unknown = Unknown::new(self, &token);
         let respect = self.lock.settings().fair;
-        match self.attempt(&token, "", false, respect).await? {
-            Attempt::Acquired(fence) => Ok(self.guard(token, sent_at, fence)),
+        match self.attempt(&mut unknown, "", false, respect).await? {
+            Attempt::Acquired(fence) => Ok(unknown.acquired(fence)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 key: self.lock.name_str().to_owned(),
             }),
@@ -86,6 +107,7 @@ impl Acquisition<'_> {
 
     pub(crate) async fn waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
         let token = new_token()?;
+        let mut unknown = Unknown::new(self, &token);
         let fair = self.lock.settings().fair;
         let started = Instant::now();
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
@@ -101,17 +123,32 @@ impl Acquisition<'_> {
         };
         let mut subscription = notifier.join_ready(&token);
         let mut respect = self.respects_queue();
+        let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
             let notified = subscription
                 .as_ref()
                 .map(crate::notify::Subscription::notified);
-            let sent_at = Instant::now();
-            let expires_in = match self.attempt(&token, &member, true, respect).await? {
-                Attempt::Acquired(fence) => {
+            let expires_in = match self.attempt(&mut unknown, &member, true, respect).await {
+                Ok(Attempt::Acquired(fence)) => {
                     place.left = true; // the acquire script took it out of the queue
-                    return Ok(self.guard(token, sent_at, fence));
+                    return Ok(unknown.acquired(fence));
                 }
-                Attempt::Busy(expires_in) => expires_in,
+                Ok(Attempt::Busy(expires_in)) => {
+                    error_pause = FIRST_ERROR_PAUSE;
+                    expires_in
+                }
+                // A connection that failed (and its retries within the call
+                // deadline): not a reason to give up while the wait lasts.
+                Err(LockError::Redis { source, .. })
+                    if retryable(&source)
+                        && deadline
+                            .is_none_or(|deadline| Instant::now() + error_pause < deadline) =>
+                {
+                    tokio::time::sleep(error_pause).await;
+                    error_pause = (error_pause * 2).min(QUEUE_REFRESH);
+                    continue;
+                }
+                Err(error) => return Err(error),
             };
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
@@ -151,7 +188,19 @@ impl Acquisition<'_> {
     fn guard(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> LockGuard {
         let settings = self.lock.settings();
         tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
-        let hold = Hold::new(Acquired {
+        let hold = Hold::new(self.acquired(token, sent_at, fencing_token));
+        let renewal = settings.renew.then(|| {
+            let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
+            self.client
+                .renewer()
+                .register(Arc::clone(&hold), renew_until)
+        });
+        LockGuard::new(hold, renewal)
+    }
+
+    fn acquired(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> Acquired {
+        let settings = self.lock.settings();
+        Acquired {
             client: self.client.clone(),
             keys: self.keys.clone(),
             token,
@@ -162,79 +211,87 @@ impl Acquisition<'_> {
             fencing_token,
             hold_at_least: settings.hold_at_least,
             stop_on_loss: settings.on_lost == OnLost::Stop,
-        });
-        let renewal = settings.renew.then(|| {
-            let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
-            self.client
-                .renewer()
-                .register(Arc::clone(&hold), renew_until)
-        });
-        LockGuard::new(hold, renewal)
+        }
     }
 
     /// One attempt, one round trip: a plain `SET NX PX` when the attempt
-    /// neither joins nor respects the waiters' queue and needs no fencing
-    /// token, else the acquire script.
+    /// neither joins nor respects the waiters' queue, needs no fencing token
+    /// and follows no attempt of unknown outcome; else the acquire script.
     async fn attempt(
         &self,
-        token: &str,
+        unknown: &mut Unknown<'_>,
         member: &str,
         join_queue: bool,
         respect_queue: bool,
     ) -> Result<Attempt, LockError> {
-        // Until an answer comes, the script may have taken the lock: if this
-        // attempt fails or is cancelled, remove a lock we might hold without
-        // knowing it.
-        let mut uncertain = Uncertain {
-            client: &self.client,
-            keys: &self.keys,
-            token,
-            resolved: false,
-        };
+        // Until an answer comes, this attempt may have taken the lock.
+        let earlier_unknown = unknown.sent();
         let fencing = self.lock.settings().fencing;
-        let result = if join_queue || respect_queue || fencing {
-            Box::pin(self.script_attempt(token, member, join_queue, respect_queue, fencing)).await
+        let token = unknown.token;
+        let result = if join_queue || respect_queue || fencing || earlier_unknown {
+            Box::pin(self.script_attempt(
+                token,
+                member,
+                join_queue,
+                respect_queue,
+                fencing,
+                earlier_unknown,
+            ))
+            .await
         } else {
             self.set_if_free(token).await
         };
-        if result.is_ok() {
-            uncertain.resolved = true;
+        if matches!(result, Ok(Attempt::Busy(_))) {
+            // The script (after an attempt of unknown outcome) or SET NX
+            // said the lock is not ours.
+            unknown.resolved();
         }
         result
     }
 
-    /// `SET key token NX PX ttl`: what an uncontended lock costs.
+    /// `SET key token NX PX ttl`: what an uncontended lock costs. Retried
+    /// within the call, it becomes the acquire script, which recognises a
+    /// lock the first attempt took.
     async fn set_if_free(&self, token: &str) -> Result<Attempt, LockError> {
-        let mut connection = self.client.connection();
+        let bytes = self.keys.lock.len() + token.len() + 32;
+        let mut set = redis::Cmd::with_capacity(6, bytes);
+        set.arg("SET")
+            .arg(&self.keys.lock)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.ttl_ms);
+        let set = &set;
         self.client
-            .call(self.lock.name_str(), "acquire", async {
-                let bytes = self.keys.lock.len() + token.len() + 32;
-                let set: redis::Value = redis::Cmd::with_capacity(6, bytes)
-                    .arg("SET")
-                    .arg(&self.keys.lock)
-                    .arg(token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(self.ttl_ms)
-                    .query_async(&mut connection)
-                    .await?;
-                match set {
-                    redis::Value::Okay => Ok(Attempt::Acquired(None)),
-                    redis::Value::SimpleString(ok) if ok == "OK" => Ok(Attempt::Acquired(None)),
-                    redis::Value::Nil => Ok(Attempt::Busy(None)),
-                    // Not what Redis answers SET NX; an unknown outcome (the
-                    // caller cleans up a lock it may hold).
-                    other => Err(redis::RedisError::from((
-                        redis::ErrorKind::UnexpectedReturnType,
-                        "unexpected reply to SET NX PX",
-                        format!("{other:?}"),
-                    ))),
-                }
-            })
+            .call(
+                self.lock.name_str(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    if attempt > 0 {
+                        let (acquired, value) = self
+                            .script_call(&mut connection, token, "", false, false, false, true)
+                            .await?;
+                        return Ok(Attempt::from_script(acquired, value, false));
+                    }
+                    match set.query_async(&mut connection).await? {
+                        redis::Value::Okay => Ok(Attempt::Acquired(None)),
+                        redis::Value::SimpleString(ok) if ok == "OK" => Ok(Attempt::Acquired(None)),
+                        redis::Value::Nil => Ok(Attempt::Busy(None)),
+                        // Not what Redis answers SET NX; an unknown outcome (the
+                        // caller cleans up a lock it may hold).
+                        other => Err(redis::RedisError::from((
+                            redis::ErrorKind::UnexpectedReturnType,
+                            "unexpected reply to SET NX PX",
+                            format!("{other:?}"),
+                        ))),
+                    }
+                },
+            )
             .await
     }
 
-    /// The acquire script: the queue, and the fencing token.
+    /// The acquire script: the queue, and the fencing token. `earlier_unknown`:
+    /// an earlier attempt with this token may have taken the lock.
     async fn script_attempt(
         &self,
         token: &str,
@@ -242,7 +299,44 @@ impl Acquisition<'_> {
         join_queue: bool,
         respect_queue: bool,
         fencing: bool,
+        earlier_unknown: bool,
     ) -> Result<Attempt, LockError> {
+        self.client
+            .call(
+                self.lock.name_str(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    let mine = earlier_unknown || attempt > 0;
+                    let (acquired, value) = self
+                        .script_call(
+                            &mut connection,
+                            token,
+                            member,
+                            join_queue,
+                            respect_queue,
+                            fencing,
+                            mine,
+                        )
+                        .await?;
+                    Ok(Attempt::from_script(acquired, value, fencing))
+                },
+            )
+            .await
+    }
+
+    /// One call of the acquire script; `mine`: first check whether the lock
+    /// already holds `token` (taken by an attempt whose answer was lost).
+    #[allow(clippy::too_many_arguments)]
+    async fn script_call(
+        &self,
+        connection: &mut redis::aio::ConnectionManager,
+        token: &str,
+        member: &str,
+        join_queue: bool,
+        respect_queue: bool,
+        fencing: bool,
+        mine: bool,
+    ) -> redis::RedisResult<(i64, i64)> {
         let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
         // 0: no fencing token.
         let retention_ms = if fencing {
@@ -250,10 +344,9 @@ impl Acquisition<'_> {
         } else {
             0
         };
-        let mut connection = self.client.connection();
         let lock_key = self.keys.lock.len();
-        let bytes = 4 * lock_key + 24 + token.len() + 60 + member.len();
-        let mut cmd = evalsha(&ACQUIRE, 4, 11, bytes);
+        let bytes = 4 * lock_key + 24 + token.len() + 62 + member.len();
+        let mut cmd = evalsha(&ACQUIRE, 4, 12, bytes);
         cmd.arg(&self.keys.lock)
             .arg(self.keys.fence())
             .arg(self.keys.queue())
@@ -264,44 +357,88 @@ impl Acquisition<'_> {
             .arg(waiter_timeout_ms)
             .arg(u8::from(join_queue))
             .arg(u8::from(respect_queue))
-            .arg(member);
-        self.client
-            .call(self.lock.name_str(), "acquire", async {
-                let (acquired, value): (i64, i64) = run(&ACQUIRE, &cmd, &mut connection).await?;
-                Ok(if acquired == 1 {
-                    Attempt::Acquired(fencing.then_some(value as u64))
-                } else {
-                    Attempt::Busy(u64::try_from(value).ok().map(Duration::from_millis))
-                })
-            })
-            .await
+            .arg(member)
+            .arg(u8::from(mine));
+        run(&ACQUIRE, &cmd, connection).await
     }
 }
 
-/// Cleans up after an acquire attempt whose outcome is unknown.
-struct Uncertain<'a> {
-    client: &'a Client,
-    keys: &'a LockKeys,
-    token: &'a str,
-    resolved: bool,
+impl Attempt {
+    fn from_script(acquired: i64, value: i64, fencing: bool) -> Attempt {
+        if acquired == 1 {
+            Attempt::Acquired(fencing.then_some(value as u64))
+        } else {
+            Attempt::Busy(u64::try_from(value).ok().map(Duration::from_millis))
+        }
+    }
 }
 
-impl Drop for Uncertain<'_> {
+/// An acquisition's attempts whose outcome is unknown (failed or cancelled
+/// before an answer came: the lock may have been taken). Later attempts
+/// check whether the lock already holds the token; if the acquisition ends
+/// without the lock, the lock it may hold is released in the background.
+struct Unknown<'a> {
+    acquisition: &'a Acquisition<'a>,
+    token: &'a str,
+    /// The send time of the first attempt whose outcome is unknown: the key
+    /// was set no earlier, so validity counts from it.
+    first_sent: Option<Instant>,
+    /// The send time of the last attempt: the key was set no later.
+    last_sent: Instant,
+    /// An attempt is in flight or ended without an answer.
+    open: bool,
+}
+
+impl<'a> Unknown<'a> {
+    fn new(acquisition: &'a Acquisition<'a>, token: &'a str) -> Self {
+        Unknown {
+            acquisition,
+            token,
+            first_sent: None,
+            last_sent: Instant::now(),
+            open: false,
+        }
+    }
+
+    /// An attempt is about to be sent; returns whether an earlier one's
+    /// outcome is unknown.
+    fn sent(&mut self) -> bool {
+        let earlier = self.open;
+        self.last_sent = Instant::now();
+        if !self.open {
+            self.first_sent = Some(self.last_sent);
+        }
+        self.open = true;
+        earlier
+    }
+
+    /// Redis said the lock is not held with this token.
+    fn resolved(&mut self) {
+        self.open = false;
+    }
+
+    /// Redis said the lock is held with this token: the guard.
+    fn acquired(mut self, fence: Option<u64>) -> LockGuard {
+        self.open = false;
+        let sent_at = self.first_sent.unwrap_or(self.last_sent);
+        self.acquisition
+            .guard(self.token.to_owned(), sent_at, fence)
+    }
+}
+
+impl Drop for Unknown<'_> {
     fn drop(&mut self) {
-        if !self.resolved {
-            let now = Instant::now();
-            spawn_release(Hold::new(Acquired {
-                client: self.client.clone(),
-                keys: self.keys.clone(),
-                token: self.token.to_owned(),
-                ttl: Duration::ZERO,
-                renewed: false,
-                sent_at: now,
-                confirmed_at: now,
-                fencing_token: None,
-                hold_at_least: None,
-                stop_on_loss: false,
-            }));
+        if self.open {
+            let acquired = self
+                .acquisition
+                .acquired(self.token.to_owned(), self.last_sent, None);
+            spawn_release(
+                Hold::new(Acquired {
+                    hold_at_least: None,
+                    ..acquired
+                }),
+                false,
+            );
         }
     }
 }
@@ -325,19 +462,23 @@ impl Drop for QueuePlace<'_> {
         };
         let (client, keys, member) = (self.client.clone(), self.keys.clone(), self.member.clone());
         runtime.spawn(async move {
-            let mut connection = client.connection();
             let mut cmd = evalsha(&LEAVE, 3, 4, 3 * keys.lock.len() + 16 + member.len());
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
                 .arg(keys.waiters())
                 .arg(&member);
-            let _ = client
-                .call(
-                    &keys.lock,
-                    "leave the queue",
-                    run::<i64>(&LEAVE, &cmd, &mut connection),
-                )
-                .await;
+            let cmd = &cmd;
+            // Best effort: a place not given up expires after WAITER_TIMEOUT.
+            let _ =
+                client
+                    .call(
+                        keys.name(),
+                        "leave the queue",
+                        |mut connection, _| async move {
+                            run::<i64>(&LEAVE, cmd, &mut connection).await
+                        },
+                    )
+                    .await;
         });
     }
 }

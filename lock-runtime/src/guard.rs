@@ -5,12 +5,13 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::error::{LockError, LostCause};
-use crate::hold::Hold;
+use crate::hold::{drift_margin, Hold};
 use crate::renewal::Registration;
 use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
-use crate::watch::{watch, HeldLock};
+use crate::watch::{watch, HeldLock, Scope};
 
 /// What to do with the body when a renewed lock is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,11 +26,15 @@ pub enum OnLost {
     Continue,
 }
 
-/// Compare-and-delete (or, with `hold_at_least`, compare-and-shorten), and
-/// wake the waiter the lock's mark names: one EVALSHA round trip on the lock
-/// key alone.
-async fn release(hold: &Hold) -> Result<(), LockError> {
-    let mut connection = hold.client.connection();
+/// Compare-and-delete (or, with `hold_at_least`, compare-and-keep), and wake
+/// the waiter the lock's mark names: one EVALSHA round trip on the lock key
+/// alone, retried on a fresh connection within the call's deadline.
+///
+/// `may_have_run`: an earlier release of this hold failed without an answer
+/// and may have run in Redis. Then, as for a retry within this call, finding
+/// the key gone or another holder's token in it while the lock was still
+/// valid means that earlier release did its work: not a loss.
+async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
     let keep_ms = hold.keep_for().as_millis() as u64;
     // Only the lock key: the wake mark in its value names the waiter to wake.
     let script = if keep_ms > 0 {
@@ -44,7 +49,21 @@ async fn release(hold: &Hold) -> Result<(), LockError> {
     }
     let outcome: i64 = hold
         .client
-        .call(hold.name(), "release", run(script, &cmd, &mut connection))
+        .call(hold.name(), "release", |mut connection, attempt| {
+            let cmd = &cmd;
+            async move {
+                let sent_at = Instant::now();
+                let code: i64 = run(script, cmd, &mut connection).await?;
+                let earlier_may_have_run = may_have_run || attempt > 0;
+                Ok(
+                    if code <= 0 && earlier_may_have_run && sent_at < hold.valid_until() {
+                        1
+                    } else {
+                        code
+                    },
+                )
+            }
+        })
         .await?;
     let lost = |cause| LockError::Lost {
         key: hold.name().to_owned(),
@@ -63,25 +82,56 @@ async fn release(hold: &Hold) -> Result<(), LockError> {
     }
 }
 
-/// Releases in a background task on the current Tokio runtime.
-pub(crate) fn spawn_release(hold: Arc<Hold>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(async move {
-                match release(&hold).await {
-                    Ok(()) | Err(LockError::Lost { .. }) => {}
-                    Err(error) => tracing::warn!(
-                        lock = %hold.name(), %error,
-                        "background release failed; the lock frees itself when its ttl passes"
-                    ),
-                }
-            });
-        }
-        Err(_) => tracing::warn!(
+/// The first pause between background release attempts, doubled up to
+/// [`MAX_RELEASE_PAUSE`].
+const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
+const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+
+/// Releases in a background task on the current Tokio runtime, trying again
+/// after failures for as long as the lock could still be held (its key
+/// cannot outlive the last confirmed acquire or renewal by more than its
+/// ttl). Logs only what nobody is told otherwise: a release that succeeded
+/// after failures, and one given up.
+///
+/// `may_have_run`: an earlier release of this hold may have run (see
+/// [`release`]).
+pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
             lock = %hold.name(),
             "lock guard dropped outside a Tokio runtime; the lock frees itself when its ttl passes"
-        ),
-    }
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        let until = hold.valid_until() + drift_margin(hold.ttl) + hold.client.call_deadline();
+        let mut may_have_run = may_have_run;
+        let mut pause = FIRST_RELEASE_PAUSE;
+        let mut failures = 0u32;
+        loop {
+            match release(&hold, may_have_run).await {
+                Ok(()) | Err(LockError::Lost { .. }) => {
+                    if failures > 0 {
+                        tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
+                    }
+                    return;
+                }
+                Err(error) => {
+                    failures += 1;
+                    may_have_run = true;
+                    if Instant::now() + pause >= until {
+                        tracing::warn!(
+                            lock = %hold.name(), %error, failures,
+                            "release failed and is given up: the lock frees itself when its ttl passes"
+                        );
+                        return;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RELEASE_PAUSE);
+                }
+            }
+        }
+    });
 }
 
 /// A held lock. Release it with [`release`](LockGuard::release); a guard that
@@ -97,9 +147,11 @@ pub struct LockGuard {
     renewal: Option<Registration>,
     /// Until `release` completes, dropping the guard releases the lock.
     armed: bool,
-    /// Shares a hold taken further up this task's call chain: the outermost
-    /// holder releases.
-    reentrant: bool,
+    /// A release was sent and may have run (it was cancelled).
+    releasing: bool,
+    /// Shares a hold taken further up this task's call chain, whose scope's
+    /// entry permit it holds: the outermost holder releases.
+    reentrant: Option<Arc<Scope>>,
 }
 
 impl LockGuard {
@@ -108,24 +160,29 @@ impl LockGuard {
             lock: HeldLock { hold },
             renewal,
             armed: true,
-            reentrant: false,
+            releasing: false,
+            reentrant: None,
         }
     }
 
-    /// A guard for a lock already held up this task's call chain: it shares
-    /// the outer hold, and neither its release nor its drop does anything.
-    pub(crate) fn reentrant(hold: Arc<Hold>) -> Self {
+    /// A guard for a lock already held up this task's call chain, holding
+    /// `scope`'s entry permit: it shares the outer hold, and its release and
+    /// its drop only give the permit back.
+    pub(crate) fn reentrant(scope: Arc<Scope>) -> Self {
         LockGuard {
-            lock: HeldLock { hold },
+            lock: HeldLock {
+                hold: Arc::clone(scope.hold()),
+            },
             renewal: None,
             armed: false,
-            reentrant: true,
+            releasing: false,
+            reentrant: Some(scope),
         }
     }
 
     /// Whether this guard re-entered a lock its task already held.
     pub fn is_reentrant(&self) -> bool {
-        self.reentrant
+        self.reentrant.is_some()
     }
 
     fn hold(&self) -> &Arc<Hold> {
@@ -140,7 +197,9 @@ impl LockGuard {
     /// ran out without a confirmed renewal) and this returns
     /// [`LockError::Lost`]. Otherwise `body` runs to its end.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        watch(Arc::clone(self.hold()), self.hold().stop_on_loss, body)
+        let hold = Arc::clone(self.hold());
+        let stop_on_loss = hold.stop_on_loss;
+        watch(hold, stop_on_loss, self.is_reentrant(), body)
             .await
             .map_err(|cause| LockError::Lost {
                 key: self.hold().name().to_owned(),
@@ -154,6 +213,7 @@ impl LockGuard {
         match watch(
             Arc::clone(self.hold()),
             true,
+            false,
             std::future::pending::<std::convert::Infallible>(),
         )
         .await
@@ -171,11 +231,21 @@ impl LockGuard {
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
     pub async fn release(mut self) -> Result<(), LockError> {
-        if self.reentrant {
-            return Ok(()); // the outermost holder releases
+        if let Some(scope) = self.reentrant.take() {
+            scope.leave();
+            // The outermost holder releases; if it already has, this entry
+            // outlived it.
+            return match self.hold().reported_loss() {
+                Some(LostCause::Released) => Err(LockError::Lost {
+                    key: self.hold().name().to_owned(),
+                    cause: LostCause::Released,
+                }),
+                _ => Ok(()),
+            };
         }
         self.renewal.take();
         let hold = Arc::clone(self.hold());
+        self.releasing = true;
         let result = match hold.reported_loss() {
             // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
@@ -184,20 +254,31 @@ impl LockGuard {
             }),
             // Lost by the clock (the holder was told and stopped): the key
             // may still hold our token, so delete it, and report the loss.
-            Some(cause) => match release(&hold).await {
+            Some(cause) => match release(&hold, false).await {
                 Ok(()) => Err(LockError::Lost {
                     key: hold.name().to_owned(),
                     cause,
                 }),
                 Err(error) => Err(error),
             },
-            None => release(&hold).await,
+            None => release(&hold, false).await,
         };
         // Only now is the guard disarmed: a cancelled release above drops
         // `self` still armed, and Drop releases in the background.
         self.armed = false;
         hold.mark_released();
-        result
+        match result {
+            Err(LockError::Redis { key, source, .. }) => {
+                // Still ours, maybe: keep trying while it could be held.
+                spawn_release(hold, true);
+                Err(LockError::Redis {
+                    key,
+                    operation: "release (retried in the background until the lock's ttl passes)",
+                    source,
+                })
+            }
+            result => result,
+        }
     }
 }
 
@@ -211,10 +292,14 @@ impl Deref for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        if let Some(scope) = self.reentrant.take() {
+            scope.leave();
+            return;
+        }
         self.renewal.take();
         if self.armed {
             let hold = Arc::clone(self.hold());
-            spawn_release(Arc::clone(&hold));
+            spawn_release(Arc::clone(&hold), self.releasing);
             hold.mark_released();
         }
     }
@@ -225,6 +310,7 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("lock", &self.lock)
             .field("armed", &self.armed)
+            .field("reentrant", &self.is_reentrant())
             .finish()
     }
 }

@@ -2,12 +2,14 @@
 //! driver and `current()`: identity, a local validity deadline on the
 //! monotonic clock, and whether (and why) the lock was lost.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::Waker;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use once_cell::sync::Lazy;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 use crate::client::Client;
 use crate::error::LostCause;
@@ -74,8 +76,8 @@ pub(crate) struct Hold {
     lost: AtomicU8,
     /// Renewals stopped because `max_hold` was reached.
     max_hold_reached: AtomicBool,
-    /// The holder's task, woken when the lock is lost.
-    waker: Mutex<Option<Waker>>,
+    /// Wakes every body run under this hold when it is lost or released.
+    lost_signal: Arc<Notify>,
 }
 
 impl Hold {
@@ -112,7 +114,7 @@ impl Hold {
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
-            waker: Mutex::new(None),
+            lost_signal: Arc::new(Notify::new()),
         })
     }
 
@@ -213,25 +215,14 @@ impl Hold {
         self.valid_until().saturating_duration_since(Instant::now())
     }
 
-    pub(crate) fn register_waker(&self, waker: &Waker) {
-        let mut slot = self
-            .waker
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match slot.as_ref() {
-            Some(current) if current.will_wake(waker) => {}
-            _ => *slot = Some(waker.clone()),
-        }
+    /// A wake-up, registered now, for the next loss or release.
+    pub(crate) fn loss_signal(&self) -> Pin<Box<OwnedNotified>> {
+        let mut notified = Box::pin(Arc::clone(&self.lost_signal).notified_owned());
+        notified.as_mut().enable();
+        notified
     }
 
     fn wake(&self) {
-        let waker = self
-            .waker
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        self.lost_signal.notify_waiters();
     }
 }

@@ -17,6 +17,7 @@
 
 mod acquire;
 mod client;
+mod connection;
 mod error;
 mod guard;
 mod hold;
@@ -37,7 +38,7 @@ pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{LockError, LostCause};
 pub use guard::{LockGuard, OnLost};
 pub use keys::MAX_KEY_LEN;
-pub use lock::Lock;
+pub use lock::{Lock, MIN_RENEWED_TTL};
 pub use lock_macros::distributed_lock;
 pub use renewal::RenewalStats;
 pub use watch::{current, HeldLock};

@@ -66,8 +66,9 @@ impl Lock {
     }
 
     /// How long the lock stays held if its holder never releases it (crash,
-    /// hang): Redis deletes the key after this long. Whole milliseconds; at
-    /// least 1 ms.
+    /// hang): Redis deletes the key after this long. Whole milliseconds (a
+    /// fraction is dropped), from 1 ms to a year; a renewed lock needs at
+    /// least [`MIN_RENEWED_TTL`] (10 ms). Checked when the lock is taken.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -92,7 +93,7 @@ impl Lock {
     }
 
     /// With [`renew`](Lock::renew): stop renewing this long after the lock
-    /// was acquired. The lock then expires within one ttl and the holder is
+    /// was acquired (1 ms to a year). The lock then expires within one ttl and the holder is
     /// told ([`LostCause::MaxHold`](crate::LostCause::MaxHold)).
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
@@ -137,7 +138,9 @@ impl Lock {
     /// On release, keep the lock until at least this long after it was
     /// acquired (the release shortens the key's expiry to the remainder
     /// instead of deleting it). Stops a fast scheduled job from running twice
-    /// when the instances' schedulers fire a little apart.
+    /// when the instances' schedulers fire a little apart. 1 ms to a year.
+    /// The kept key no longer answers to this holder's token: no renewal or
+    /// release of this acquisition can extend or shorten it.
     pub fn hold_at_least(mut self, hold_at_least: Duration) -> Self {
         self.hold_at_least = Some(hold_at_least);
         self
@@ -164,7 +167,7 @@ impl Lock {
     /// holder exits.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
-        if let Some(guard) = acquisition.reentered()? {
+        if let Some(guard) = acquisition.reentered().await? {
             return Ok(guard);
         }
         match self.wait {
@@ -179,7 +182,7 @@ impl Lock {
     /// Reentrant like [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
-        if let Some(guard) = acquisition.reentered()? {
+        if let Some(guard) = Box::pin(acquisition.reentered()).await? {
             return Ok(guard);
         }
         acquisition.once().await
@@ -205,30 +208,47 @@ impl Lock {
         Ok(output)
     }
 
-    fn prepare(&self) -> Result<Acquisition<'_>, LockError> {
+    /// Checks every setting before anything is sent: a lock that cannot be
+    /// held as described fails here, with what to change.
+    fn check(&self) -> Result<u64, LockError> {
+        let name = &self.name;
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
+        if ttl_ms == 0 || ttl_ms > MAX_DURATION_MS {
             return Err(LockError::config(format!(
-                "lock `{}` has a ttl of {:?}; it must be from 1 ms to {MAX_TTL_MS} ms (a year)",
-                self.name, self.ttl
+                "lock `{name}` has a ttl of {:?}; it must be from 1 ms to a year (8760 h)",
+                self.ttl
             )));
         }
-        if self
-            .hold_at_least
-            .is_some_and(|at_least| at_least.as_millis() > u128::from(MAX_TTL_MS))
-        {
+        if self.renew && self.ttl < MIN_RENEWED_TTL {
             return Err(LockError::config(format!(
-                "lock `{}` has a hold_at_least over a year; keep it to a year or less",
-                self.name
+                "lock `{name}` is renewed with a ttl of {:?}; a renewed lock needs a ttl of at \
+                 least {MIN_RENEWED_TTL:?} (it is renewed every ttl/3, and its validity is the \
+                 ttl less a 1 % + 2 ms drift margin)",
+                self.ttl
             )));
         }
+        let in_range = |what: &str, value: Option<Duration>| match value {
+            Some(value) if value.is_zero() || value.as_millis() > u128::from(MAX_DURATION_MS) => {
+                Err(LockError::config(format!(
+                    "lock `{name}` has a {what} of {value:?}; it must be from 1 ms to a year \
+                     (8760 h)"
+                )))
+            }
+            _ => Ok(()),
+        };
+        in_range("max_hold", self.max_hold)?;
+        in_range("hold_at_least", self.hold_at_least)?;
         if !self.renew && (self.max_hold.is_some() || self.on_lost.is_some()) {
             return Err(LockError::config(format!(
-                "lock `{}` sets max_hold or on_lost without renew; they only apply to renewed \
-                 locks: add `.renew()`",
-                self.name
+                "lock `{name}` sets max_hold or on_lost without renew; they only apply to renewed \
+                 locks: add `.renew()`"
             )));
         }
+        Ok(ttl_ms)
+    }
+
+    fn prepare(&self) -> Result<Acquisition<'_>, LockError> {
+        let ttl_ms = self.check()?;
         let client = match &self.client {
             Some(client) => client.clone(),
             None => global_client()?,
@@ -243,13 +263,20 @@ impl Lock {
         })
     }
 
+    /// How long to wait for a busy lock, if at all.
+    pub(crate) fn wait_setting(&self) -> Option<Duration> {
+        self.wait
+    }
+
     pub(crate) fn name_str(&self) -> &str {
         &self.name
     }
 
     pub(crate) fn settings(&self) -> Settings {
         Settings {
-            ttl: self.ttl,
+            // Whole milliseconds, as Redis holds it: validity is never
+            // counted from a longer ttl than the key's.
+            ttl: Duration::from_millis(self.ttl.as_millis().min(u128::from(MAX_DURATION_MS)) as u64),
             renew: self.renew,
             max_hold: self.max_hold,
             on_lost: self.on_lost.unwrap_or_default(),
@@ -271,5 +298,12 @@ pub(crate) struct Settings {
     pub(crate) hold_at_least: Option<Duration>,
 }
 
-/// The longest ttl accepted: a year, far inside what Redis accepts for PX.
-const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
+/// The longest ttl, `max_hold` or `hold_at_least` accepted: a year (far
+/// inside what Redis accepts for PX, and what an `Instant` can add). The
+/// attribute checks the same limits at compile time.
+pub(crate) const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+
+/// The shortest ttl of a renewed lock: renewed every ttl/3, valid for the
+/// ttl less its drift margin (1 % + 2 ms). The attribute checks it at
+/// compile time.
+pub const MIN_RENEWED_TTL: Duration = Duration::from_millis(10);

@@ -94,7 +94,10 @@ end
 ///        join (1: join or refresh a place in the queue when not acquired),
 ///        respect (1: only take a free lock when the queue is empty or the
 ///        caller is first in it, as in fair mode; 0: take any free lock),
-///        member (the caller's queue entry: `<its client's channel>|<token>`).
+///        member (the caller's queue entry: `<its client's channel>|<token>`),
+///        mine (1: an earlier attempt with this token got no answer; if the
+///        lock holds the token, that attempt took it: say so, with the
+///        fencing token it was given).
 /// Returns `{1, fencing_token or 0}` when acquired, else `{0, pttl}` (the
 /// holder's remaining ttl in ms, or -2 when the lock is free but another
 /// waiter is first in line).
@@ -110,6 +113,13 @@ pub(crate) static ACQUIRE: Lazy<Script> =
     Lazy::new(|| Script::new(&[MARK, PRUNE, ACQUIRE_BODY].concat()));
 
 const ACQUIRE_BODY: &str = r"
+if ARGV[8] == '1' then
+  local held = redis.call('GET', KEYS[1])
+  if held and (held == ARGV[1] or string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. '|') then
+    if ARGV[3] == '0' then return {1, 0} end
+    return {1, tonumber(redis.call('GET', KEYS[2]))}
+  end
+end
 local timeout = tonumber(ARGV[4])
 local now_us = false
 local function now_ms()
@@ -185,17 +195,24 @@ return 1
 
 /// `hold_at_least`: instead of deleting the lock, keeps it for `keep_ms`
 /// more (the rest of the minimum hold), if it still holds the caller's
-/// token. Wakes nobody: waiters sleep at most until the key's expiry.
+/// token. The kept value is `kept:<token>`, which no longer answers to the
+/// holder's token: a renewal that reaches Redis after this release (one
+/// already on the wire, or re-sent after a NOSCRIPT) finds another value and
+/// extends nothing. Wakes nobody: waiters sleep at most until the key's
+/// expiry.
 ///
-/// KEYS = lock. ARGV = token, keep_ms. Returns 1 when kept, 0 when the key
-/// was gone, -1 when another holder's token is there.
+/// KEYS = lock. ARGV = token, keep_ms. Returns 1 when kept (or already kept
+/// by an earlier attempt of this release), 0 when the key was gone, -1 when
+/// another holder's token is there.
 pub(crate) static RELEASE_KEEPING: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == false then return 0 end
+local kept = 'kept:' .. ARGV[1]
+if held == kept or string.sub(held, 1, #kept + 1) == kept .. '|' then return 1 end
 if held ~= ARGV[1] and string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return -1 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
 return 1
 ",
     )

@@ -8,6 +8,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::futures::TaskLocalFuture;
 
 use crate::client::Client;
@@ -15,25 +17,60 @@ use crate::error::LostCause;
 use crate::hold::Hold;
 use crate::keys::LockKeys;
 
-/// The locks held up this task's call chain, innermost first.
+/// A body running under a held lock: the locks held up this task's call
+/// chain form a chain of scopes, innermost first.
 pub(crate) struct Scope {
     hold: Arc<Hold>,
     outer: Option<Arc<Scope>>,
+    /// The Tokio task whose call chain runs the body (`None` outside any
+    /// task: the future given to `Runtime::block_on`). A future polled
+    /// inside the body by another task (a `LocalSet` driven by the body) is
+    /// not part of the chain, although it sees the task-local.
+    task: Option<tokio::task::Id>,
+    /// One permit: a reentrant entry of this scope's lock holds it for as
+    /// long as it lasts, so that concurrent entries of one task (`join!`,
+    /// `select!`, `FuturesUnordered`) exclude each other as entries from
+    /// other tasks do.
+    entry: Semaphore,
+}
+
+impl Scope {
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
+    /// Takes this scope's entry permit: at once, or within `wait`.
+    /// Returns false when it stayed taken. Give it back with
+    /// [`leave`](Scope::leave).
+    pub(crate) async fn enter(&self, wait: Option<Duration>) -> bool {
+        let acquired = match wait {
+            None => self.entry.try_acquire().ok(),
+            Some(wait) => tokio::time::timeout(wait, self.entry.acquire())
+                .await
+                .ok()
+                .and_then(Result::ok),
+        };
+        acquired.map(SemaphorePermit::forget).is_some()
+    }
+
+    pub(crate) fn leave(&self) {
+        self.entry.add_permits(1);
+    }
 }
 
 tokio::task_local! {
     static CURRENT: Arc<Scope>;
 }
 
-/// The hold of this lock (same client, same key) taken further up this
-/// task's call chain, if any.
-pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<Hold>> {
+/// The innermost scope of this lock (same client, same key) up this task's
+/// call chain, if any.
+pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<Scope>> {
     CURRENT
         .try_with(|scope| {
             let mut scope = Some(scope);
             while let Some(current) = scope {
                 if current.hold.same_lock(client, keys) {
-                    return Some(Arc::clone(&current.hold));
+                    return (current.task == tokio::task::try_id()).then(|| Arc::clone(current));
                 }
                 scope = current.outer.as_ref();
             }
@@ -47,8 +84,9 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
 ///
 /// Inside an annotated function's body (or a body run by
 /// [`Lock::run`](crate::Lock::run) or [`LockGuard::run`](crate::LockGuard::run))
-/// this returns the held lock; elsewhere `None`. It is task-local: a task the
-/// body spawns does not see it.
+/// this returns the held lock; elsewhere `None`. It belongs to the task
+/// running the body: a task the body spawns (`tokio::spawn`, or
+/// `spawn_local` on a `LocalSet` the body drives) does not see it.
 ///
 /// ```no_run
 /// # async fn charge() {}
@@ -62,10 +100,13 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
 /// ```
 pub fn current() -> Option<HeldLock> {
     CURRENT
-        .try_with(|scope| HeldLock {
-            hold: Arc::clone(&scope.hold),
+        .try_with(|scope| {
+            (scope.task == tokio::task::try_id()).then(|| HeldLock {
+                hold: Arc::clone(&scope.hold),
+            })
         })
         .ok()
+        .flatten()
 }
 
 /// A held lock as its holder sees it: identity and local validity.
@@ -143,28 +184,60 @@ impl std::fmt::Debug for HeldLock {
 }
 
 pin_project! {
-    /// A body that is dropped unpolled once its lock is lost (when
-    /// `stop_on_loss`), and sees the lock through `current()`.
+    /// A body that sees its lock through `current()` and is dropped unpolled
+    /// once the lock is lost (when `stop_on_loss`) or, for a reentrant entry,
+    /// once the outer hold it shares has ended.
     pub(crate) struct Watched<F: Future> {
         #[pin]
         body: TaskLocalFuture<Arc<Scope>, F>,
         #[pin]
         deadline: tokio::time::Sleep,
+        // Woken when the hold is lost or released; `None` when neither
+        // stops the body.
+        signal: Option<Pin<Box<OwnedNotified>>>,
         hold: Arc<Hold>,
         stop_on_loss: bool,
+        reentrant: bool,
     }
 }
 
-pub(crate) fn watch<F: Future>(hold: Arc<Hold>, stop_on_loss: bool, body: F) -> Watched<F> {
+/// Runs `body` as a new scope of `hold`. `reentrant`: the hold is shared
+/// with an outer scope, whose end stops the body.
+pub(crate) fn watch<F: Future>(
+    hold: Arc<Hold>,
+    stop_on_loss: bool,
+    reentrant: bool,
+    body: F,
+) -> Watched<F> {
     let scope = Scope {
         hold: Arc::clone(&hold),
         outer: CURRENT.try_with(Arc::clone).ok(),
+        task: tokio::task::try_id(),
+        entry: Semaphore::const_new(1),
     };
     Watched {
         body: CURRENT.scope(Arc::new(scope), body),
         deadline: tokio::time::sleep_until(hold.valid_until().into()),
+        signal: (stop_on_loss || reentrant).then(|| hold.loss_signal()),
         hold,
         stop_on_loss,
+        reentrant,
+    }
+}
+
+impl<F: Future> Watched<F> {
+    /// Why the body must stop now, if it must.
+    fn stop_cause(hold: &Hold, stop_on_loss: bool, reentrant: bool) -> Option<LostCause> {
+        if stop_on_loss {
+            // Against the clock too, not only on news from Redis: a process
+            // resumed after a pause past the deadline takes no further step.
+            hold.lost_cause(Instant::now())
+        } else if reentrant {
+            hold.reported_loss()
+                .filter(|cause| *cause == LostCause::Released)
+        } else {
+            None
+        }
     }
 }
 
@@ -173,24 +246,26 @@ impl<F: Future> Future for Watched<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if *this.stop_on_loss {
-            // Checked before every poll of the body, against the clock and
-            // not only on a message from Redis: a process resumed after a
-            // pause past the deadline takes no further step in the body.
-            if let Some(cause) = this.hold.lost_cause(Instant::now()) {
-                return Poll::Ready(Err(cause));
+        if let Some(signal) = this.signal.as_mut() {
+            // Registered before the check below, so that a loss recorded
+            // between the two still wakes this task.
+            if signal.as_mut().poll(cx).is_ready() {
+                *signal = this.hold.loss_signal();
+                let _ = signal.as_mut().poll(cx);
             }
+        }
+        if let Some(cause) = Self::stop_cause(this.hold, *this.stop_on_loss, *this.reentrant) {
+            return Poll::Ready(Err(cause));
         }
         if let Poll::Ready(output) = this.body.poll(cx) {
             return Poll::Ready(Ok(output));
         }
         if *this.stop_on_loss {
-            this.hold.register_waker(cx.waker());
             let until = tokio::time::Instant::from_std(this.hold.valid_until());
             if this.deadline.deadline() != until {
                 this.deadline.as_mut().reset(until);
             }
-            if this.deadline.as_mut().poll(cx).is_ready() || !this.hold.is_held() {
+            if this.deadline.as_mut().poll(cx).is_ready() {
                 cx.waker().wake_by_ref();
             }
         }
