@@ -5,7 +5,7 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::LitStr;
 
-use crate::duration::parse_duration;
+use crate::duration::{check_at_most_a_year, check_renewed_ttl, parse_duration};
 
 const ARGUMENTS: &str =
     "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, `fencing` or `hold_at_least`";
@@ -27,7 +27,8 @@ pub(crate) struct LockArgs {
 #[derive(Default)]
 pub(crate) struct ArgsParser {
     key: Option<LitStr>,
-    ttl_ms: Option<u64>,
+    /// With its literal, for the check against `renew` in `finish`.
+    ttl_ms: Option<(u64, LitStr)>,
     wait_ms: Option<u64>,
     renew: Option<Span>,
     max_hold_ms: Option<(u64, Span)>,
@@ -50,7 +51,13 @@ impl ArgsParser {
             "ttl" => {
                 let literal = string_value(&meta, &name, "\"10s\"")?;
                 let millis = parse_duration(&name, &literal)?;
-                set_once(&meta, &name, &mut self.ttl_ms, millis)
+                check_at_most_a_year(
+                    &name,
+                    &literal,
+                    millis,
+                    "; to hold the lock for longer than its ttl, add `renew`",
+                )?;
+                set_once(&meta, &name, &mut self.ttl_ms, (millis, literal))
             }
             "wait" => {
                 let literal = string_value(&meta, &name, "\"5s\"")?;
@@ -72,11 +79,18 @@ impl ArgsParser {
             "hold_at_least" => {
                 let literal = string_value(&meta, &name, "\"30s\"")?;
                 let millis = parse_duration(&name, &literal)?;
+                check_at_most_a_year(&name, &literal, millis, "")?;
                 set_once(&meta, &name, &mut self.hold_at_least_ms, millis)
             }
             "max_hold" => {
                 let literal = string_value(&meta, &name, "\"10m\"")?;
                 let millis = parse_duration(&name, &literal)?;
+                check_at_most_a_year(
+                    &name,
+                    &literal,
+                    millis,
+                    ", or leave `max_hold` out to renew for as long as the body runs",
+                )?;
                 set_once(
                     &meta,
                     &name,
@@ -131,9 +145,14 @@ impl ArgsParser {
                 }
             }
         }
+        // The default ttl (30 s) is long enough for `renew`: only an explicit
+        // ttl can be too short.
+        if let (Some(_), Some((millis, literal))) = (self.renew, &self.ttl_ms) {
+            check_renewed_ttl(literal, *millis)?;
+        }
         Ok(LockArgs {
             key,
-            ttl_ms: self.ttl_ms,
+            ttl_ms: self.ttl_ms.map(|(millis, _)| millis),
             wait_ms: self.wait_ms,
             renew: self.renew.is_some(),
             max_hold_ms: self.max_hold_ms.map(|(millis, _)| millis),
@@ -187,4 +206,91 @@ fn set_once<T>(
     }
     *slot = Some(value);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proc_macro2::TokenStream;
+    use quote::quote;
+    use syn::parse::Parser;
+
+    use super::{ArgsParser, LockArgs};
+
+    fn parse(args: TokenStream) -> syn::Result<LockArgs> {
+        let mut parser = ArgsParser::default();
+        syn::meta::parser(|meta| parser.parse(meta)).parse2(args)?;
+        parser.finish()
+    }
+
+    fn error(args: TokenStream) -> String {
+        match parse(args.clone()) {
+            Ok(_) => panic!("`{args}` was accepted"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn durations_up_to_a_year_are_accepted() {
+        let args = parse(quote!(key = "job", ttl = "1h30m", wait = "2s")).unwrap();
+        assert_eq!(args.ttl_ms, Some(5_400_000));
+        assert_eq!(args.wait_ms, Some(2_000));
+
+        let args = parse(quote!(
+            key = "job",
+            ttl = "8760h",
+            renew,
+            max_hold = "8760h",
+            hold_at_least = "525600m"
+        ))
+        .unwrap();
+        assert_eq!(args.ttl_ms, Some(31_536_000_000));
+        assert_eq!(args.max_hold_ms, Some(31_536_000_000));
+        assert_eq!(args.hold_at_least_ms, Some(31_536_000_000));
+        assert!(args.renew);
+
+        // `wait` has no upper limit.
+        let args = parse(quote!(key = "job", wait = "9000h")).unwrap();
+        assert_eq!(args.wait_ms, Some(32_400_000_000));
+    }
+
+    #[test]
+    fn durations_over_a_year_are_rejected() {
+        assert_eq!(
+            error(quote!(key = "job", ttl = "9000h")),
+            "`ttl` of 9000h is over the limit of one year (8760h); write `ttl = \"8760h\"` or \
+             less; to hold the lock for longer than its ttl, add `renew`"
+        );
+        assert_eq!(
+            error(quote!(
+                key = "job",
+                ttl = "10s",
+                renew,
+                max_hold = "8760h1ms"
+            )),
+            "`max_hold` of 8760h1ms is over the limit of one year (8760h); write `max_hold = \
+             \"8760h\"` or less, or leave `max_hold` out to renew for as long as the body runs"
+        );
+        assert_eq!(
+            error(quote!(key = "job", hold_at_least = "600000m")),
+            "`hold_at_least` of 600000m is over the limit of one year (8760h); write \
+             `hold_at_least = \"8760h\"` or less"
+        );
+    }
+
+    #[test]
+    fn a_renewed_lock_needs_a_ttl_of_at_least_10ms() {
+        let message = "`ttl` of 9ms is too short for a renewed lock: a renewed lock needs a ttl \
+                       of at least 10ms (it is renewed every ttl/3 and is valid for ttl minus a \
+                       1 % + 2 ms drift margin); write `ttl = \"10ms\"` or more, or remove `renew`";
+        assert_eq!(error(quote!(key = "job", ttl = "9ms", renew)), message);
+        assert_eq!(error(quote!(key = "job", renew, ttl = "9ms")), message);
+
+        for args in [
+            quote!(key = "job", renew, ttl = "10ms"),
+            quote!(key = "job", renew),
+            quote!(key = "job", ttl = "1ms"),
+        ] {
+            assert!(parse(args.clone()).is_ok(), "`{args}` was rejected");
+        }
+    }
 }

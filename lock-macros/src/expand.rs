@@ -185,4 +185,25 @@ mod tests {
         );
         insta::assert_snapshot!(pretty(expanded));
     }
+
+    #[test]
+    fn durations_up_to_a_year_expand() {
+        let expanded = super::expand(
+            quote!(
+                key = "job",
+                ttl = "8760h",
+                wait = "1h30m",
+                renew,
+                max_hold = "8760h",
+                hold_at_least = "1h30m"
+            ),
+            quote!(
+                async fn job() {}
+            ),
+        )
+        .to_string();
+        assert!(!expanded.contains("compile_error"), "{expanded}");
+        assert!(expanded.contains("31536000000u64"), "{expanded}");
+        assert!(expanded.contains("5400000u64"), "{expanded}");
+    }
 }

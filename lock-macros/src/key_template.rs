@@ -143,3 +143,210 @@ fn placeholder_expr(
     }
     Ok(expr)
 }
+
+#[cfg(test)]
+mod tests {
+    use proc_macro2::Span;
+    use syn::{LitStr, Signature};
+
+    use super::parse_key;
+
+    /// Every parameter form a key can name: a receiver, plain names, a
+    /// struct, a tuple, a raw identifier, and a destructured parameter
+    /// (which a key cannot name).
+    fn signature() -> Signature {
+        syn::parse_quote! {
+            async fn settle(
+                &self,
+                order_id: u64,
+                order: &Order,
+                pair: (u8, (u16, u32)),
+                r#type: u8,
+                (left, right): (u8, u8),
+            )
+        }
+    }
+
+    /// The format string and the placeholder expressions, without spaces.
+    fn parse(text: &str) -> syn::Result<(String, Vec<String>)> {
+        let template = parse_key(&LitStr::new(text, Span::call_site()), &signature())?;
+        let args = template
+            .args
+            .iter()
+            .map(|arg| arg.to_string().replace(' ', ""))
+            .collect();
+        Ok((template.format, args))
+    }
+
+    fn error(text: &str) -> String {
+        match parse(text) {
+            Ok(parsed) => panic!("{text:?} was accepted: {parsed:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_placeholder_form() {
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("job", "job", &[]),
+            ("order:<order_id>", "order:{}", &["order_id"]),
+            ("order:<order.id>", "order:{}", &["order.id"]),
+            ("<order.customer.id>", "{}", &["order.customer.id"]),
+            ("<self>", "{}", &["self"]),
+            ("shard:<self.shard>", "shard:{}", &["self.shard"]),
+            ("<pair.0>-<pair.1.1>", "{}-{}", &["pair.0", "pair.1.1"]),
+            ("kind:<r#type>", "kind:{}", &["r#type"]),
+            (
+                "< order_id >:<order . id>",
+                "{}:{}",
+                &["order_id", "order.id"],
+            ),
+            (
+                "a<order_id>b<order_id>c",
+                "a{}b{}c",
+                &["order_id", "order_id"],
+            ),
+            ("{json}:<order_id>:}{", "{{json}}:{}:}}{{", &["order_id"]),
+            ("ключ:<order_id>", "ключ:{}", &["order_id"]),
+        ];
+        for &(text, format, args) in cases {
+            let (parsed_format, parsed_args) =
+                parse(text).unwrap_or_else(|error| panic!("{text:?}: {error}"));
+            assert_eq!(parsed_format, format, "for {text:?}");
+            assert_eq!(parsed_args, args, "for {text:?}");
+        }
+    }
+
+    #[test]
+    fn every_error_says_what_to_write() {
+        let cases = [
+            (
+                "",
+                "the key is empty: name the locked resource, e.g. key = \"order:<order_id>\"",
+            ),
+            (
+                "a>b",
+                "unbalanced `>` in key \"a>b\": placeholders are written `<name>`",
+            ),
+            (
+                "a<order_id",
+                "unclosed `<` in key \"a<order_id\": close the placeholder with `>`, e.g. \
+                 `<order_id>`",
+            ),
+            (
+                "a<order_id<x>",
+                "unclosed `<` in key \"a<order_id<x>\": close the placeholder with `>`, e.g. \
+                 `<order_id>`",
+            ),
+            (
+                "a< >",
+                "empty placeholder `<>` in key \"a< >\": write a parameter name inside; use one \
+                 of: `self`, `order_id`, `order`, `pair`, `r#type`",
+            ),
+            (
+                "<left>",
+                "unknown placeholder `<left>` in key \"<left>\": `left` is not a parameter; use \
+                 one of: `self`, `order_id`, `order`, `pair`, `r#type`",
+            ),
+            (
+                "<order.type>",
+                "invalid placeholder `<order.type>` in key \"<order.type>\": `type` is not a \
+                 field name or tuple index; write a parameter followed by fields, e.g. \
+                 `<order.id>`",
+            ),
+            (
+                "<order.>",
+                "invalid placeholder `<order.>` in key \"<order.>\": `` is not a field name or \
+                 tuple index; write a parameter followed by fields, e.g. `<order.id>`",
+            ),
+        ];
+        for (text, message) in cases {
+            assert_eq!(error(text), message, "for {text:?}");
+        }
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::parse;
+
+        /// An error names what to write instead.
+        fn says_what_to_write(message: &str) -> bool {
+            !message.trim().is_empty()
+                && ["write", "written", "e.g.", "use one of"]
+                    .iter()
+                    .any(|advice| message.contains(advice))
+        }
+
+        fn check(text: &str) -> Result<(), TestCaseError> {
+            if let Err(error) = parse(text) {
+                let message = error.to_string();
+                prop_assert!(says_what_to_write(&message), "{text:?}: {message}");
+            }
+            Ok(())
+        }
+
+        /// A placeholder a key may hold, as written and as the expression.
+        fn placeholder() -> impl Strategy<Value = (String, String)> {
+            prop_oneof![
+                Just(("order_id", "order_id")),
+                Just(("order.id", "order.id")),
+                Just(("self.shard", "self.shard")),
+                Just(("self", "self")),
+                Just((" pair . 1 . 0 ", "pair.1.0")),
+                Just(("r#type", "r#type")),
+            ]
+            .prop_map(|(written, expr)| (written.to_owned(), expr.to_owned()))
+        }
+
+        proptest! {
+            // No regression files written beside the sources.
+            #![proptest_config(ProptestConfig {
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            #[test]
+            fn arbitrary_keys_never_panic(text in any::<String>()) {
+                check(&text)?;
+            }
+
+            #[test]
+            fn key_like_strings_never_panic(
+                text in "([a-z_:{}# ]|<|>|\\.|self|order|pair|[0-9]|r#|é){0,16}",
+            ) {
+                check(&text)?;
+            }
+
+            #[test]
+            fn text_without_angle_brackets_is_literal(text in "[^<>]{1,40}") {
+                let (format, args) = parse(&text)
+                    .map_err(|error| TestCaseError::fail(format!("{text:?}: {error}")))?;
+                prop_assert!(args.is_empty());
+                prop_assert_eq!(format, text.replace('{', "{{").replace('}', "}}"));
+            }
+
+            #[test]
+            fn valid_templates_are_accepted(
+                parts in proptest::collection::vec(("[^<>]{0,6}", placeholder()), 0..5),
+                end in "[^<>]{0,6}",
+            ) {
+                let mut text = String::new();
+                let mut format = String::new();
+                let mut expected = Vec::new();
+                for (literal, (written, expr)) in &parts {
+                    text.push_str(&format!("{literal}<{written}>"));
+                    format.push_str(&literal.replace('{', "{{").replace('}', "}}"));
+                    format.push_str("{}");
+                    expected.push(expr.clone());
+                }
+                text.push_str(&end);
+                format.push_str(&end.replace('{', "{{").replace('}', "}}"));
+                prop_assume!(!text.is_empty());
+                let parsed = parse(&text)
+                    .map_err(|error| TestCaseError::fail(format!("{text:?}: {error}")))?;
+                prop_assert_eq!(parsed, (format, expected));
+            }
+        }
+    }
+}

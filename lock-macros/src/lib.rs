@@ -22,18 +22,19 @@ use proc_macro::TokenStream;
 ///
 /// - `key` (required): the lock's name; `<param>` and `<param.field>` are
 ///   replaced by the `Display` of the function's parameters.
-/// - `ttl` (default 30 s): how long the lock lives if never released.
+/// - `ttl` (default 30 s, at most a year, `"8760h"`): how long the lock lives
+///   if never released; with `renew`, at least `"10ms"`.
 /// - `wait` (default: none): how long to wait for a busy lock; without it a
 ///   busy lock is not waited for.
 /// - `renew` (flag): keep the lock for as long as the body runs; the body is
 ///   stopped if the lock is lost.
-/// - `max_hold` (with `renew`): stop renewing after this long.
+/// - `max_hold` (with `renew`, at most a year): stop renewing after this long.
 /// - `on_lost = "stop" | "continue"` (with `renew`, default `"stop"`).
 /// - `fair` (flag): waiters get the lock in arrival order.
 /// - `fencing` (flag): issue a fencing token with each acquisition,
 ///   `current().unwrap().fencing_token()` in the body.
-/// - `hold_at_least` (default: none): keep the lock at least this long after
-///   acquiring it, even if the body ends sooner.
+/// - `hold_at_least` (default: none, at most a year): keep the lock at least
+///   this long after acquiring it, even if the body ends sooner.
 ///
 /// When the lock is not acquired, the body does not run and the function
 /// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for
