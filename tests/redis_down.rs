@@ -135,3 +135,47 @@ fn missing_url_says_what_to_set() {
         "{line}"
     );
 }
+
+/// A password with characters a URL should have escaped (`/`, `?`, `#`)
+/// never appears either: not in `Config`'s Debug, not in the error that
+/// rejects the URL.
+#[tokio::test]
+async fn unescaped_passwords_never_appear() {
+    for url in [
+        "redis://default:pa/ss-hunter2@127.0.0.1:6379/0",
+        "redis://default:pa?ss-hunter2@127.0.0.1:6379",
+        "redis://default:pa#ss-hunter2@127.0.0.1:6379",
+        "redis://:p@ss/hunter2@127.0.0.1/1",
+    ] {
+        let config = Config::new(url);
+        assert!(!format!("{config:?}").contains("hunter2"), "{config:?}");
+        assert!(!config.redacted_url().contains("hunter2"));
+        match Client::new(config) {
+            Ok(client) => assert!(!format!("{client:?}").contains("hunter2")),
+            Err(error) => assert!(
+                !format!("{error} {error:?}").contains("hunter2"),
+                "{error:?}"
+            ),
+        }
+        if let Err(error) = lock_runtime::init(url) {
+            assert!(
+                !format!("{error} {error:?}").contains("hunter2"),
+                "{error:?}"
+            );
+        }
+    }
+}
+
+/// `rediss://` without TLS support built in says so, and how to get it.
+#[tokio::test]
+async fn rediss_without_tls_says_how_to_get_it() {
+    let error = Client::new(Config::new("rediss://user:hunter2@127.0.0.1:6380/"))
+        .expect_err("this build has no TLS");
+    let message = error.to_string();
+    assert!(
+        message.contains("TLS") && message.contains("`tls` feature"),
+        "{message}"
+    );
+    assert!(!message.contains("not a valid Redis URL"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}

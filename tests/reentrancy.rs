@@ -2,8 +2,11 @@
 
 mod common;
 use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lock_runtime::{current, distributed_lock, Lock, LockError};
 
 #[distributed_lock(key = "account:<id>", ttl = "10s", fencing)]
@@ -53,6 +56,25 @@ async fn walk(name: &str, depth: u32) -> Result<u32, LockError> {
     Ok(1 + Box::pin(walk(name, depth - 1)).await?)
 }
 
+/// Bodies inside `account:<id>` right now, and the most seen at once.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+static MOST_INSIDE: AtomicUsize = AtomicUsize::new(0);
+
+#[distributed_lock(key = "account:<id>", ttl = "10s", wait = "5s")]
+async fn settle(id: u32) -> Result<(), LockError> {
+    let now = INSIDE.fetch_add(1, Ordering::SeqCst) + 1;
+    MOST_INSIDE.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    INSIDE.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[distributed_lock(key = "account:<id>", ttl = "10s")]
+async fn settle_twice_at_once(id: u32) -> Result<(), LockError> {
+    let (first, second) = tokio::join!(settle(id), settle(id));
+    first.and(second)
+}
+
 #[test]
 fn nested_and_recursive_calls_reenter() {
     let server = RedisServer::start();
@@ -66,7 +88,211 @@ fn nested_and_recursive_calls_reenter() {
 
         assert_eq!(walk("root", 5).await.unwrap(), 6);
         assert_eq!(redis(&server, &["EXISTS", "lock:{tree:root}"]), ":0\r\n");
+
+        // The case: two concurrent annotated calls inside the held
+        // lock run one at a time, as they do without the outer hold.
+        settle_twice_at_once(8).await.unwrap();
+        assert_eq!(
+            MOST_INSIDE.load(Ordering::SeqCst),
+            1,
+            "two bodies ran at once"
+        );
+        MOST_INSIDE.store(0, Ordering::SeqCst);
+        let (first, second) = tokio::join!(settle(9), settle(9));
+        first.and(second).unwrap();
+        assert_eq!(MOST_INSIDE.load(Ordering::SeqCst), 1);
     });
+}
+
+/// Counts the bodies inside one lock at a time, across every entry path.
+#[derive(Clone, Default)]
+struct Inside(Arc<(AtomicUsize, AtomicUsize)>);
+
+impl Inside {
+    /// A body: inside for `millis`, yielding meanwhile.
+    async fn body(&self, millis: u64) {
+        let now = self.0 .0.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0 .1.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+        self.0 .0.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn most(&self) -> usize {
+        self.0 .1.load(Ordering::SeqCst)
+    }
+}
+
+fn client(server: &RedisServer) -> lock_runtime::Client {
+    lock_runtime::Client::new(lock_runtime::Config::new(server.url())).unwrap()
+}
+
+/// Every way a body can run code concurrently or hand it to another task,
+/// inside a held lock: concurrent entries of one task exclude each other,
+/// entries from another task are excluded like any other holder, and
+/// sequential nesting goes straight in.
+#[test]
+fn reentry_matrix() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = client(&server);
+        let lock = Lock::new("matrix").client(client.clone());
+        let waiting = lock.clone().wait(Duration::from_secs(5));
+        let inside = Inside::default();
+        let entry = |lock: &Lock, inside: &Inside| {
+            let (lock, inside) = (lock.clone(), inside.clone());
+            async move { lock.run(inside.body(10)).await }
+        };
+
+        lock.run(async {
+            // Sequential nesting: straight in, no round trip.
+            let nested = lock.acquire().await.unwrap();
+            assert!(nested.is_reentrant());
+            nested.release().await.unwrap();
+
+            // join!: one at a time with `wait`; without it, the second is
+            // busy, as it would be without the outer hold.
+            let (a, b) = tokio::join!(entry(&waiting, &inside), entry(&waiting, &inside));
+            a.unwrap();
+            b.unwrap();
+            assert_eq!(inside.most(), 1, "join!: two entries at once");
+            let (a, b) = tokio::join!(entry(&lock, &inside), entry(&lock, &inside));
+            assert!(
+                a.is_ok() != b.is_ok(),
+                "join! without wait: exactly one enters ({a:?}, {b:?})"
+            );
+            assert!(matches!(a.err().or(b.err()), Some(LockError::Busy { .. })));
+
+            // select!: both start; never both inside.
+            tokio::select! {
+                result = entry(&waiting, &inside) => result.unwrap(),
+                result = entry(&waiting, &inside) => result.unwrap(),
+            }
+            assert_eq!(inside.most(), 1, "select!: two entries at once");
+
+            // FuturesUnordered: all five run, one at a time.
+            let mut all: FuturesUnordered<_> = (0..5).map(|_| entry(&waiting, &inside)).collect();
+            let mut done = 0;
+            while let Some(result) = all.next().await {
+                result.unwrap();
+                done += 1;
+            }
+            assert_eq!((done, inside.most()), (5, 1), "FuturesUnordered");
+
+            // Another task: excluded like any other holder.
+            let spawned = tokio::spawn({
+                let lock = lock.clone();
+                async move { lock.try_acquire().await.map(drop) }
+            });
+            assert!(matches!(
+                spawned.await.unwrap(),
+                Err(LockError::Busy { .. })
+            ));
+
+            // A task spawned on a LocalSet that the body drives is polled
+            // inside the body, but it is another task: excluded, and it does
+            // not see the lock as its own.
+            let local = tokio::task::LocalSet::new();
+            let (seen, result) = local
+                .run_until({
+                    let lock = lock.clone();
+                    async move {
+                        tokio::task::spawn_local(async move {
+                            (current().is_some(), lock.try_acquire().await.map(drop))
+                        })
+                        .await
+                        .unwrap()
+                    }
+                })
+                .await;
+            assert!(!seen, "a local task saw the body's lock as its own");
+            assert!(
+                matches!(result, Err(LockError::Busy { .. })),
+                "a local task entered: {result:?}"
+            );
+
+            // block_in_place: the holder blocks until the nested call ends,
+            // which is nesting: it goes straight in.
+            let nested = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current()
+                    .block_on(lock.run(async { current().map(|held| held.name().to_owned()) }))
+            });
+            assert_eq!(nested.unwrap().as_deref(), Some("matrix"));
+        })
+        .await
+        .unwrap();
+        assert_eq!(inside.most(), 1);
+        assert_eq!(redis(&server, &["EXISTS", "lock:{matrix}"]), ":0\r\n");
+    });
+}
+
+/// A reentrant body that is still running when its outer hold ends is
+/// stopped at its next poll, and reported; it never runs on outside the
+/// lock.
+#[test]
+#[allow(clippy::async_yields_async)] // the body hands its inner future out: the point
+fn a_reentrant_body_never_outlives_its_outer_hold() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = client(&server);
+        let lock = Lock::new("outlived").client(client.clone());
+        let steps = Arc::new(AtomicUsize::new(0));
+        let escaped = lock
+            .run(async {
+                let steps = Arc::clone(&steps);
+                let inner_lock = lock.clone();
+                let mut inner = Box::pin(async move {
+                    inner_lock
+                        .run(async move {
+                            steps.fetch_add(1, Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            // Never reached: the outer hold ended meanwhile.
+                            steps.fetch_add(1, Ordering::SeqCst);
+                        })
+                        .await
+                });
+                // Polled once inside the outer body: it re-enters and starts.
+                let first = futures_util::future::poll_immediate(inner.as_mut()).await;
+                assert!(first.is_none());
+                inner
+            })
+            .await
+            .unwrap();
+        assert_eq!(steps.load(Ordering::SeqCst), 1);
+        // The outer hold is released; another holder may take the key.
+        let other = Lock::new("outlived")
+            .client(super_client(&server))
+            .try_acquire()
+            .await
+            .unwrap();
+        let outcome = escaped.await;
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    cause: lock_runtime::LostCause::Released,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            steps.load(Ordering::SeqCst),
+            1,
+            "the body ran on after its hold ended"
+        );
+        other.release().await.unwrap();
+    });
+}
+
+/// Another instance: its own client.
+fn super_client(server: &RedisServer) -> lock_runtime::Client {
+    client(server)
 }
 
 #[test]

@@ -272,3 +272,133 @@ async fn max_hold_and_on_lost_need_renew() {
         .await;
     assert!(matches!(continued, Err(LockError::Config { .. })));
 }
+
+/// `hold_at_least` with `renew`: a renewal that reaches Redis after the
+/// release (re-sent after a NOSCRIPT reload, or already on the wire) must
+/// not extend the kept lock again, which would cut its minimum hold to one
+/// ttl. The script cache is flushed before each release, so that renewals
+/// in flight are re-sent after loading the script, as in the issue's
+/// reproduction (256 of 1,000 kept locks cut short on the old code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lock_is_never_extended_by_a_late_renewal() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    const ROUNDS: usize = 200;
+    let hold_at_least = Duration::from_secs(30);
+    for round in 0..ROUNDS {
+        let guard = Lock::new(format!("job:{round}"))
+            .ttl(Duration::from_millis(30))
+            .renew()
+            .hold_at_least(hold_at_least)
+            .client(client.clone())
+            .acquire()
+            .await
+            .unwrap();
+        // Land the release at varying points of the 10 ms renewal cycle.
+        tokio::time::sleep(Duration::from_micros(9_000 + 700 * (round as u64 % 10))).await;
+        redis(&server, &["SCRIPT", "FLUSH"]);
+        guard.release().await.unwrap();
+    }
+    // Renewals sent around the last releases have landed by now (several
+    // renewal intervals, each round trip well under a millisecond here).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut cut_short = Vec::new();
+    for round in 0..ROUNDS {
+        let key = format!("lock:{{job:{round}}}");
+        let pttl: i64 = value(&redis(&server, &["PTTL", &key]))
+            .unwrap()
+            .parse()
+            .unwrap();
+        // Kept for the rest of 30 s: far more than the 30 ms ttl.
+        if pttl < 20_000 {
+            cut_short.push((round, pttl));
+        }
+    }
+    assert!(
+        cut_short.is_empty(),
+        "{} of {ROUNDS} kept locks had their minimum hold cut short by a late renewal: {:?}",
+        cut_short.len(),
+        &cut_short[..cut_short.len().min(10)]
+    );
+    assert_eq!(client.renewal_stats().active, 0);
+}
+
+/// Renewal load follows ttl/3 for small ttls too: a 30 ms lock is renewed
+/// about every 10 ms (at most every two thirds of that when coalesced), not
+/// again and again (~14,000 renewals a second on the old code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_load_follows_the_ttl_for_small_ttls() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = Lock::new("small")
+        .ttl(Duration::from_millis(30))
+        .renew()
+        .client(client.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let before = client.renewal_stats();
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(1)).await; // the window measured
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = client.renewal_stats();
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    let per_second = (after.renewals_sent - before.renewals_sent) as f64 / elapsed;
+    // Nominal 100/s; 150/s when every renewal is coalesced early.
+    assert!(
+        (50.0..=160.0).contains(&per_second),
+        "{per_second:.0} renewals a second for one 30 ms lock"
+    );
+}
+
+/// Durations the runtime cannot honour are rejected before anything is
+/// sent: no panic after the lock is taken, no lock left held by nobody.
+#[tokio::test]
+async fn out_of_range_durations_are_rejected_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let base = || Lock::new("checked").client(client.clone());
+    let cases = [
+        ("max_hold", base().renew().max_hold(Duration::MAX)),
+        (
+            "max_hold",
+            base()
+                .renew()
+                .max_hold(Duration::from_secs(100_000_000_000 * 3600)),
+        ),
+        ("max_hold", base().renew().max_hold(Duration::ZERO)),
+        ("hold_at_least", base().hold_at_least(Duration::MAX)),
+        ("ttl", base().ttl(Duration::MAX)),
+        ("ttl", base().ttl(Duration::from_micros(500))),
+        ("ttl", base().ttl(Duration::from_millis(2)).renew()),
+        ("ttl", base().ttl(Duration::from_millis(9)).renew()),
+    ];
+    for (what, lock) in cases {
+        for result in [lock.acquire().await, lock.try_acquire().await] {
+            match result {
+                Err(LockError::Config { message }) => {
+                    assert!(message.contains(what), "{what}: {message}")
+                }
+                other => panic!("{what}: expected a config error, got {other:?}"),
+            }
+        }
+        assert_eq!(redis(&server, &["EXISTS", "lock:{checked}"]), ":0\r\n");
+    }
+    // At the limits: accepted, and the lock works.
+    let guard = base()
+        .ttl(Duration::from_millis(10))
+        .renew()
+        .max_hold(Duration::from_secs(365 * 24 * 3600))
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let guard = base()
+        .wait(Duration::MAX)
+        .hold_at_least(Duration::from_millis(1))
+        .acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
