@@ -52,10 +52,7 @@ impl Acquisition<'_> {
     /// entry takes the scope's permit, so concurrent entries of one task
     /// exclude each other as entries from elsewhere do: at once without
     /// `wait` (`Busy`), else within the wait (`WaitTimeout`).
-    pub(crate) async fn reentered(&self) -> Result<Option<LockGuard>, LockError> {
-        let Some(scope) = &self.held else {
-            return Ok(None);
-        };
+    pub(crate) async fn reentered(&self, scope: &Arc<Scope>) -> Result<LockGuard, LockError> {
         let hold = scope.hold();
         if self.lock.settings().fencing && hold.fencing_token.is_none() {
             return Err(LockError::config(format!(
@@ -82,7 +79,7 @@ impl Acquisition<'_> {
                 cause,
             }); // the guard gives the permit back
         }
-        Ok(Some(guard))
+        Ok(guard)
     }
 
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
@@ -185,10 +182,19 @@ impl Acquisition<'_> {
         }
     }
 
-    fn guard(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> LockGuard {
+    fn guard(
+        &self,
+        token: String,
+        sent_at: Instant,
+        fencing_token: Option<u64>,
+        linger: bool,
+    ) -> LockGuard {
         let settings = self.lock.settings();
         tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
-        let hold = Hold::new(self.acquired(token, sent_at, fencing_token));
+        let hold = Hold::new(Acquired {
+            linger,
+            ..self.acquired(token, sent_at, fencing_token)
+        });
         let renewal = settings.renew.then(|| {
             let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
             self.client
@@ -211,6 +217,7 @@ impl Acquisition<'_> {
             fencing_token,
             hold_at_least: settings.hold_at_least,
             stop_on_loss: settings.on_lost == OnLost::Stop,
+            linger: false,
         }
     }
 
@@ -241,10 +248,13 @@ impl Acquisition<'_> {
         } else {
             self.set_if_free(token).await
         };
-        if matches!(result, Ok(Attempt::Busy(_))) {
+        match &result {
             // The script (after an attempt of unknown outcome) or SET NX
             // said the lock is not ours.
-            unknown.resolved();
+            Ok(Attempt::Busy(_)) => unknown.resolved(),
+            // The connection was replaced with the attempt stuck in it.
+            Err(LockError::Redis { source, .. }) if source.is_timeout() => unknown.stalled = true,
+            _ => {}
         }
         result
     }
@@ -387,6 +397,8 @@ struct Unknown<'a> {
     last_sent: Instant,
     /// An attempt is in flight or ended without an answer.
     open: bool,
+    /// An attempt timed out: a copy may still reach Redis later.
+    stalled: bool,
 }
 
 impl<'a> Unknown<'a> {
@@ -397,6 +409,7 @@ impl<'a> Unknown<'a> {
             first_sent: None,
             last_sent: Instant::now(),
             open: false,
+            stalled: false,
         }
     }
 
@@ -422,7 +435,7 @@ impl<'a> Unknown<'a> {
         self.open = false;
         let sent_at = self.first_sent.unwrap_or(self.last_sent);
         self.acquisition
-            .guard(self.token.to_owned(), sent_at, fence)
+            .guard(self.token.to_owned(), sent_at, fence, self.stalled)
     }
 }
 
@@ -435,6 +448,7 @@ impl Drop for Unknown<'_> {
             spawn_release(
                 Hold::new(Acquired {
                     hold_at_least: None,
+                    linger: self.stalled,
                     ..acquired
                 }),
                 false,

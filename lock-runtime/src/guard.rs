@@ -114,6 +114,9 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
                     if failures > 0 {
                         tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
                     }
+                    if hold.linger {
+                        linger(&hold, until).await;
+                    }
                     return;
                 }
                 Err(error) => {
@@ -132,6 +135,20 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
             }
         }
     });
+}
+
+/// After the release of an acquisition one of whose attempts timed out: a
+/// copy of that attempt, stuck in the replaced connection, may still reach
+/// Redis and take the lock with this token, for nobody. The token is never
+/// used again, so deleting it is always safe: check for it now and then
+/// while such a lock could matter.
+async fn linger(hold: &Hold, until: Instant) {
+    let mut pause = Duration::from_millis(100);
+    while Instant::now() + pause < until {
+        tokio::time::sleep(pause).await;
+        let _ = release(hold, true).await;
+        pause = (pause * 2).min(MAX_RELEASE_PAUSE);
+    }
 }
 
 /// A held lock. Release it with [`release`](LockGuard::release); a guard that
@@ -268,6 +285,10 @@ impl LockGuard {
         self.armed = false;
         hold.mark_released();
         match result {
+            Ok(()) | Err(LockError::Lost { .. }) if hold.linger => {
+                spawn_release(Arc::clone(&hold), true);
+                result
+            }
             Err(LockError::Redis { key, source, .. }) => {
                 // Still ours, maybe: keep trying while it could be held.
                 spawn_release(hold, true);

@@ -49,6 +49,9 @@ pub(crate) struct Acquired {
     pub(crate) hold_at_least: Option<Duration>,
     /// For a renewed lock: stop a body run under it when it is lost.
     pub(crate) stop_on_loss: bool,
+    /// An attempt of the acquisition timed out: a command stuck in the
+    /// replaced connection may still reach Redis later.
+    pub(crate) linger: bool,
 }
 
 pub(crate) struct Hold {
@@ -69,6 +72,10 @@ pub(crate) struct Hold {
     /// Whether a body run under this lock is stopped when it is lost
     /// (renewed and `OnLost::Stop`); reentrant entries share it.
     pub(crate) stop_on_loss: bool,
+    /// An acquire attempt with this token timed out, so a copy of it may
+    /// still reach Redis (from the stalled connection) after the release:
+    /// releases keep checking for the token while the lock could live.
+    pub(crate) linger: bool,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -98,6 +105,7 @@ impl Hold {
             fencing_token,
             hold_at_least,
             stop_on_loss,
+            linger,
         } = acquired;
         let valid_until = to_nanos(sent_at + ttl - drift_margin(ttl));
         Arc::new(Hold {
@@ -111,6 +119,7 @@ impl Hold {
             fencing_token,
             hold_at_least,
             stop_on_loss: renewed && stop_on_loss,
+            linger,
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),

@@ -167,8 +167,10 @@ impl Lock {
     /// holder exits.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
-        if let Some(guard) = acquisition.reentered().await? {
-            return Ok(guard);
+        if let Some(scope) = &acquisition.held {
+            // Boxed, like waiting: a rare path that should not size the
+            // common one's future.
+            return Box::pin(acquisition.reentered(scope)).await;
         }
         match self.wait {
             None => acquisition.once().await,
@@ -182,8 +184,8 @@ impl Lock {
     /// Reentrant like [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
-        if let Some(guard) = Box::pin(acquisition.reentered()).await? {
-            return Ok(guard);
+        if let Some(scope) = &acquisition.held {
+            return Box::pin(acquisition.reentered(scope)).await;
         }
         acquisition.once().await
     }
