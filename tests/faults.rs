@@ -943,3 +943,224 @@ impl Drop for Freezer {
         }
     }
 }
+
+/// A client whose calls give up after 150 + 150 ms, for attempts that a
+/// 1.5 s latency turns into timeouts.
+fn impatient(proxy: &Proxy) -> Client {
+    Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_millis(150))
+            .response_timeout(Duration::from_millis(150)),
+    )
+    .unwrap()
+}
+
+/// An acquire attempt that timed out lands late, after a later attempt of
+/// the same acquisition was answered "busy" and the acquisition gave up:
+/// the late attempt takes the lock with a token nobody holds. The
+/// acquisition's cleanup keeps checking for that token while such a lock
+/// could matter, so the lock is free again long before its 10 s ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_of_a_finished_acquisition_leaves_no_lock() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(server.port()));
+    let a = impatient(&proxy);
+    // Warm A's connection and scripts.
+    Lock::new("warm")
+        .wait(Duration::from_millis(10))
+        .client(a.clone())
+        .run(async {})
+        .await
+        .unwrap();
+    let held_by_b = Lock::new("ghost")
+        .client(direct(&server))
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_latency(Duration::from_millis(1500));
+    let started = Instant::now();
+    let un_delay = {
+        let proxy = Arc::clone(&proxy);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            proxy.set_latency(Duration::ZERO);
+        })
+    };
+    let outcome = Lock::new("ghost")
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_millis(700))
+        .client(a.clone())
+        .acquire()
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::WaitTimeout { .. })),
+        "{outcome:?}"
+    );
+    un_delay.await.unwrap();
+    held_by_b.release().await.unwrap();
+    // The first attempt, sent at 0 with 1.5 s of latency, lands about now.
+    tokio::time::sleep(Duration::from_millis(1700).saturating_sub(started.elapsed())).await;
+    let c = direct(&server);
+    let waited = Instant::now();
+    Lock::new("ghost")
+        .wait(Duration::from_secs(15))
+        .client(c)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        waited.elapsed() < Duration::from_secs(3),
+        "a lock nobody holds blocked a waiter for {:?}",
+        waited.elapsed()
+    );
+}
+
+/// A timed-out attempt that lands late and is then recognised by a later
+/// attempt of the same acquisition ("mine"): the holder's validity ends no
+/// later than the key does, so another client can never take the lock
+/// while the first still believes it holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_found_taken_by_a_late_attempt_is_valid_no_longer_than_its_key() {
+    let server = Arc::new(RedisServer::start());
+    let proxy = Arc::new(Proxy::start(server.port()));
+    let a = impatient(&proxy);
+    Lock::new("warm")
+        .wait(Duration::from_millis(10))
+        .client(a.clone())
+        .run(async {})
+        .await
+        .unwrap();
+    let _held_by_b = Lock::new("v")
+        .client(direct(&server))
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    proxy.set_latency(Duration::from_millis(1500));
+    let faults = {
+        let (proxy, server) = (Arc::clone(&proxy), Arc::clone(&server));
+        tokio::spawn(async move {
+            let at = |ms| tokio::time::sleep_until((started + Duration::from_millis(ms)).into());
+            at(200).await;
+            proxy.set_latency(Duration::ZERO);
+            at(1400).await;
+            // B's key goes (as by expiry), publishing nothing.
+            server.command(&["DEL", "lock:{v}"]).unwrap();
+            at(1600).await;
+            proxy.set_latency(Duration::from_millis(3000));
+            at(2000).await;
+            proxy.set_latency(Duration::ZERO);
+        })
+    };
+    let c = direct(&server);
+    let c_task = tokio::spawn(async move {
+        tokio::time::sleep_until((started + Duration::from_millis(1550)).into()).await;
+        loop {
+            if let Ok(guard) = Lock::new("v").client(c.clone()).try_acquire().await {
+                return (Instant::now(), guard);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    let guard = Lock::new("v")
+        .ttl(Duration::from_secs(1))
+        .wait(Duration::from_secs(5))
+        .client(a.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let a_valid_until = Instant::now() + guard.remaining();
+    let (c_acquired, c_guard) = c_task.await.unwrap();
+    assert!(
+        c_acquired >= a_valid_until,
+        "C took the lock {:?} before A's validity ended",
+        a_valid_until - c_acquired
+    );
+    faults.await.unwrap();
+    drop(guard);
+    c_guard.release().await.unwrap();
+}
+
+/// A reentrant body moved to another task is stopped as soon as its outer
+/// hold's release starts, not when the release's reply comes back (400 ms
+/// later here), by which time another client may hold the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escaped_reentrant_body_stops_when_the_release_starts() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(server.port()));
+    let a = Client::new(Config::new(proxy.url()).response_timeout(Duration::from_secs(5))).unwrap();
+    let lock = Lock::new("window").client(a);
+    let b_holds = Arc::new(AtomicBool::new(false));
+    let overlap = Arc::new(AtomicU64::new(0));
+    let b = {
+        let (b_holds, lock) = (
+            Arc::clone(&b_holds),
+            Lock::new("window").client(direct(&server)),
+        );
+        async move {
+            loop {
+                if let Ok(guard) = lock.try_acquire().await {
+                    b_holds.store(true, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                    b_holds.store(false, SeqCst);
+                    guard.release().await.unwrap();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let (inner, b) = lock
+        .run({
+            let (lock, b_holds, overlap, proxy) = (
+                lock.clone(),
+                Arc::clone(&b_holds),
+                Arc::clone(&overlap),
+                Arc::clone(&proxy),
+            );
+            async move {
+                let mut inner = Box::pin(async move {
+                    lock.run(async move {
+                        loop {
+                            if b_holds.load(SeqCst) {
+                                overlap.fetch_add(1, SeqCst);
+                            }
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    })
+                    .await
+                });
+                // Started here, then moved to another task.
+                tokio::select! {
+                    _ = &mut inner => unreachable!(),
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+                let inner = tokio::spawn(inner);
+                let b = tokio::spawn(b);
+                proxy.set_latency(Duration::from_millis(400));
+                (inner, b)
+            }
+        })
+        .await
+        .unwrap();
+    let inner = inner.await.unwrap();
+    b.await.unwrap();
+    assert!(
+        matches!(
+            inner,
+            Err(LockError::Lost {
+                cause: LostCause::Released,
+                ..
+            })
+        ),
+        "{inner:?}"
+    );
+    assert_eq!(
+        overlap.load(SeqCst),
+        0,
+        "the reentrant body ran while another client held the lock"
+    );
+}

@@ -179,3 +179,20 @@ async fn rediss_without_tls_says_how_to_get_it() {
     assert!(!message.contains("not a valid Redis URL"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
 }
+
+/// Timeouts out of range are configuration errors, not panics later (an
+/// `Instant` overflow) or calls that can never succeed (zero).
+#[tokio::test]
+async fn timeouts_out_of_range_are_rejected() {
+    for config in [
+        Config::new("redis://127.0.0.1:1/").connect_timeout(Duration::MAX),
+        Config::new("redis://127.0.0.1:1/").response_timeout(Duration::from_secs(u64::MAX / 2)),
+        Config::new("redis://127.0.0.1:1/").connect_timeout(Duration::ZERO),
+        Config::new("redis://127.0.0.1:1/").response_timeout(Duration::from_micros(10)),
+    ] {
+        match Client::new(config) {
+            Err(LockError::Config { message }) => assert!(message.contains("timeout"), "{message}"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+}

@@ -354,3 +354,114 @@ fn fencing_is_issued_only_when_asked_and_reentry_cannot_invent_one() {
         second.release().await.unwrap();
     });
 }
+
+/// Under a manual reentrant guard (`acquire()` inside a body), a further
+/// entry cannot tell whether it is nested in that guard (waiting would wait
+/// for itself) or beside it: it fails at once with a message saying to use
+/// `guard.run(..)`, however long its wait; nesting through `guard.run`
+/// goes in.
+#[test]
+fn entries_under_a_manual_guard_fail_fast_and_guard_run_nests() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = client(&server);
+        let lock = Lock::new("manual").client(client);
+        lock.run(async {
+            let guard = lock.acquire().await.unwrap();
+            assert!(guard.is_reentrant());
+            for nested in [lock.clone(), lock.clone().wait(Duration::MAX)] {
+                let outcome = tokio::time::timeout(Duration::from_secs(5), nested.run(async {}))
+                    .await
+                    .expect("a nested entry waited for its own guard");
+                match outcome {
+                    Err(LockError::Config { message }) => {
+                        assert!(message.contains("guard.run"), "{message}")
+                    }
+                    other => panic!("expected a config error, got {other:?}"),
+                }
+            }
+            let nested = guard
+                .run(async { lock.run(async { current().is_some() }).await })
+                .await
+                .unwrap();
+            assert!(nested.unwrap(), "nesting through guard.run goes in");
+            guard.release().await.unwrap();
+        })
+        .await
+        .unwrap();
+    });
+}
+
+/// A body moved to another task after it started keeps its call chain:
+/// `current()` and reentry follow the task that polls it.
+#[test]
+fn a_body_moved_to_another_task_keeps_its_chain() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = client(&server);
+        let lock = Lock::new("moved").client(client);
+        let started = Arc::new(tokio::sync::Notify::new());
+        let mut body = Box::pin({
+            let (lock, started) = (lock.clone(), Arc::clone(&started));
+            async move {
+                let outer = lock.clone();
+                outer
+                    .run(async move {
+                        started.notify_one();
+                        tokio::task::yield_now().await;
+                        let nested = lock.run(async {}).await;
+                        (current().is_some(), nested.is_ok())
+                    })
+                    .await
+            }
+        });
+        // Started in this task (the body is inside its lock), then finished
+        // in another.
+        tokio::select! {
+            biased;
+            _ = started.notified() => {}
+            _ = &mut body => unreachable!("the body waits for one more poll"),
+        }
+        let (seen, nested) = tokio::spawn(body).await.unwrap().unwrap();
+        assert!(seen, "current() lost the lock after the move");
+        assert!(nested, "reentry refused after the move");
+    });
+}
+
+/// An inner entry cannot add what the outer hold it shares lacks: `renew`
+/// (an inner body would outlive the outer ttl unprotected) and
+/// `hold_at_least`, like `fencing`, are configuration errors.
+#[test]
+fn an_inner_entry_cannot_ask_for_more_than_its_outer_hold() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = client(&server);
+        let plain = Lock::new("more").client(client);
+        plain
+            .run(async {
+                for (what, inner) in [
+                    ("renew", plain.clone().renew()),
+                    (
+                        "hold_at_least",
+                        plain.clone().hold_at_least(Duration::from_secs(1)),
+                    ),
+                ] {
+                    match inner.run(async {}).await {
+                        Err(LockError::Config { message }) => {
+                            assert!(message.contains(what), "{message}")
+                        }
+                        other => panic!("{what}: expected a config error, got {other:?}"),
+                    }
+                }
+            })
+            .await
+            .unwrap();
+    });
+}

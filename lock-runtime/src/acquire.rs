@@ -13,7 +13,7 @@ use crate::lock::Lock;
 use crate::notify::wait_for;
 use crate::scripts::{evalsha, run, ACQUIRE, LEAVE};
 use crate::token::new_token;
-use crate::watch::Scope;
+use crate::watch::{Entry, Scope};
 
 /// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
@@ -40,8 +40,10 @@ pub(crate) struct Acquisition<'a> {
 
 /// Outcome of one attempt.
 enum Attempt {
-    /// Acquired, with its fencing token when one was asked for.
-    Acquired(Option<u64>),
+    /// Acquired, with its fencing token when one was asked for, and the
+    /// key's remaining ttl when the lock was found already taken with this
+    /// token (by an earlier attempt whose answer was lost).
+    Acquired(Option<u64>, Option<Duration>),
     /// Held by another holder, whose key expires after the given time when
     /// Redis told it (none when free but another waiter is first in line).
     Busy(Option<Duration>),
@@ -51,26 +53,51 @@ impl Acquisition<'_> {
     /// Reentry: the lock is already held up this task's call chain. The
     /// entry takes the scope's permit, so concurrent entries of one task
     /// exclude each other as entries from elsewhere do: at once without
-    /// `wait` (`Busy`), else within the wait (`WaitTimeout`).
-    pub(crate) async fn reentered(&self, scope: &Arc<Scope>) -> Result<LockGuard, LockError> {
+    /// `wait` (`Busy`), else within the wait (`WaitTimeout`). A permit held
+    /// by a manual guard is not waited for: the entry may be nested under
+    /// that guard, waiting for itself.
+    pub(crate) async fn reentered(
+        &self,
+        scope: &Arc<Scope>,
+        entry: Entry,
+    ) -> Result<LockGuard, LockError> {
         let hold = scope.hold();
-        if self.lock.settings().fencing && hold.fencing_token.is_none() {
+        let settings = self.lock.settings();
+        let missing = [
+            (settings.fencing && hold.fencing_token.is_none(), "fencing"),
+            (settings.renew && !hold.renewed, "renew"),
+            (
+                settings.hold_at_least.is_some() && hold.hold_at_least.is_none(),
+                "hold_at_least",
+            ),
+        ];
+        if let Some((_, what)) = missing.iter().find(|(missing, _)| *missing) {
             return Err(LockError::config(format!(
-                "lock `{}` asks for a fencing token, but its outer holder in this task took it \
-                 without one: add `fencing` to the outer lock too",
+                "lock `{}` asks for `{what}`, but its outer holder in this task took it without: \
+                 a reentrant entry shares the outer hold, so add `{what}` to the outer lock too",
                 hold.name()
             )));
         }
-        let started = Instant::now();
-        if !scope.enter(self.lock.wait_setting()).await {
+        if !scope.try_enter(entry) {
             let key = self.lock.name_str().to_owned();
-            return Err(match self.lock.wait_setting() {
-                None => LockError::Busy { key },
-                Some(_) => LockError::WaitTimeout {
+            if scope.entered_by_guard() {
+                return Err(LockError::config(format!(
+                    "lock `{key}` is entered by a guard from `acquire()` in this task's call \
+                     chain, and this entry cannot tell whether it runs inside that guard (it \
+                     would wait for itself) or beside it: run nested code with \
+                     `guard.run(..)`, or release the guard first"
+                )));
+            }
+            let Some(wait) = self.lock.wait_setting() else {
+                return Err(LockError::Busy { key });
+            };
+            let started = Instant::now();
+            if !scope.enter(entry, wait).await {
+                return Err(LockError::WaitTimeout {
                     key,
                     waited: started.elapsed(),
-                },
-            });
+                });
+            }
         }
         let guard = LockGuard::reentrant(Arc::clone(scope));
         if let Some(cause) = hold.lost_cause(Instant::now()) {
@@ -87,7 +114,7 @@ impl Acquisition<'_> {
         let mut unknown = Unknown::new(self, &token);
         let respect = self.lock.settings().fair;
         match self.attempt(&mut unknown, "", false, respect).await? {
-            Attempt::Acquired(fence) => Ok(unknown.acquired(fence)),
+            Attempt::Acquired(fence, found) => Ok(unknown.acquired(fence, found)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 key: self.lock.name_str().to_owned(),
             }),
@@ -126,9 +153,9 @@ impl Acquisition<'_> {
                 .as_ref()
                 .map(crate::notify::Subscription::notified);
             let expires_in = match self.attempt(&mut unknown, &member, true, respect).await {
-                Ok(Attempt::Acquired(fence)) => {
+                Ok(Attempt::Acquired(fence, found)) => {
                     place.left = true; // the acquire script took it out of the queue
-                    return Ok(unknown.acquired(fence));
+                    return Ok(unknown.acquired(fence, found));
                 }
                 Ok(Attempt::Busy(expires_in)) => {
                     error_pause = FIRST_ERROR_PAUSE;
@@ -186,6 +213,7 @@ impl Acquisition<'_> {
         &self,
         token: String,
         sent_at: Instant,
+        expires_by: Option<Instant>,
         fencing_token: Option<u64>,
         linger: bool,
     ) -> LockGuard {
@@ -193,6 +221,7 @@ impl Acquisition<'_> {
         tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             linger,
+            expires_by,
             ..self.acquired(token, sent_at, fencing_token)
         });
         let renewal = settings.renew.then(|| {
@@ -218,6 +247,7 @@ impl Acquisition<'_> {
             hold_at_least: settings.hold_at_least,
             stop_on_loss: settings.on_lost == OnLost::Stop,
             linger: false,
+            expires_by: None,
         }
     }
 
@@ -278,14 +308,16 @@ impl Acquisition<'_> {
                 "acquire",
                 |mut connection, attempt| async move {
                     if attempt > 0 {
-                        let (acquired, value) = self
+                        let reply = self
                             .script_call(&mut connection, token, "", false, false, false, true)
                             .await?;
-                        return Ok(Attempt::from_script(acquired, value, false));
+                        return Ok(Attempt::from_script(&reply, false));
                     }
                     match set.query_async(&mut connection).await? {
-                        redis::Value::Okay => Ok(Attempt::Acquired(None)),
-                        redis::Value::SimpleString(ok) if ok == "OK" => Ok(Attempt::Acquired(None)),
+                        redis::Value::Okay => Ok(Attempt::Acquired(None, None)),
+                        redis::Value::SimpleString(ok) if ok == "OK" => {
+                            Ok(Attempt::Acquired(None, None))
+                        }
                         redis::Value::Nil => Ok(Attempt::Busy(None)),
                         // Not what Redis answers SET NX; an unknown outcome (the
                         // caller cleans up a lock it may hold).
@@ -317,7 +349,7 @@ impl Acquisition<'_> {
                 "acquire",
                 |mut connection, attempt| async move {
                     let mine = earlier_unknown || attempt > 0;
-                    let (acquired, value) = self
+                    let reply = self
                         .script_call(
                             &mut connection,
                             token,
@@ -328,7 +360,7 @@ impl Acquisition<'_> {
                             mine,
                         )
                         .await?;
-                    Ok(Attempt::from_script(acquired, value, fencing))
+                    Ok(Attempt::from_script(&reply, fencing))
                 },
             )
             .await
@@ -346,7 +378,7 @@ impl Acquisition<'_> {
         respect_queue: bool,
         fencing: bool,
         mine: bool,
-    ) -> redis::RedisResult<(i64, i64)> {
+    ) -> redis::RedisResult<Vec<i64>> {
         let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
         // 0: no fencing token.
         let retention_ms = if fencing {
@@ -369,16 +401,21 @@ impl Acquisition<'_> {
             .arg(u8::from(respect_queue))
             .arg(member)
             .arg(u8::from(mine));
-        run(&ACQUIRE, &cmd, connection).await
+        run(&ACQUIRE, &cmd, connection, self.client.scripts()).await
     }
 }
 
 impl Attempt {
-    fn from_script(acquired: i64, value: i64, fencing: bool) -> Attempt {
-        if acquired == 1 {
-            Attempt::Acquired(fencing.then_some(value as u64))
+    /// `{1, fence}` acquired; `{1, fence, pttl}` found already taken with
+    /// this token; `{0, pttl}` busy.
+    fn from_script(reply: &[i64], fencing: bool) -> Attempt {
+        let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
+        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
+        if at(0) == 1 {
+            let found = (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO));
+            Attempt::Acquired(fencing.then_some(at(1) as u64), found)
         } else {
-            Attempt::Busy(u64::try_from(value).ok().map(Duration::from_millis))
+            Attempt::Busy(millis(at(1)))
         }
     }
 }
@@ -425,17 +462,30 @@ impl<'a> Unknown<'a> {
         earlier
     }
 
-    /// Redis said the lock is not held with this token.
+    /// Redis said the lock is not held with this token. After an attempt
+    /// that timed out this settles nothing: that attempt may still be on
+    /// its way, stuck in the replaced connection, and land later.
     fn resolved(&mut self) {
-        self.open = false;
+        if !self.stalled {
+            self.open = false;
+        }
     }
 
-    /// Redis said the lock is held with this token: the guard.
-    fn acquired(mut self, fence: Option<u64>) -> LockGuard {
+    /// Redis said the lock is held with this token: the guard. Its validity
+    /// counts from the first attempt of unknown outcome (the key was set no
+    /// earlier), and, when the lock was found already taken (`found`, its
+    /// remaining ttl), no longer than that remaining ttl from this attempt.
+    fn acquired(mut self, fence: Option<u64>, found: Option<Duration>) -> LockGuard {
         self.open = false;
         let sent_at = self.first_sent.unwrap_or(self.last_sent);
-        self.acquisition
-            .guard(self.token.to_owned(), sent_at, fence, self.stalled)
+        let expires_by = found.map(|remaining| self.last_sent + remaining);
+        self.acquisition.guard(
+            self.token.to_owned(),
+            sent_at,
+            expires_by,
+            fence,
+            self.stalled,
+        )
     }
 }
 
@@ -481,18 +531,17 @@ impl Drop for QueuePlace<'_> {
                 .arg(keys.queue())
                 .arg(keys.waiters())
                 .arg(&member);
-            let cmd = &cmd;
+            let (cmd, scripts) = (&cmd, client.scripts());
             // Best effort: a place not given up expires after WAITER_TIMEOUT.
-            let _ =
-                client
-                    .call(
-                        keys.name(),
-                        "leave the queue",
-                        |mut connection, _| async move {
-                            run::<i64>(&LEAVE, cmd, &mut connection).await
-                        },
-                    )
-                    .await;
+            let _ = client
+                .call(
+                    keys.name(),
+                    "leave the queue",
+                    |mut connection, _| async move {
+                        run::<i64>(&LEAVE, cmd, &mut connection, scripts).await
+                    },
+                )
+                .await;
         });
     }
 }

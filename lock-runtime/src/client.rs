@@ -60,16 +60,18 @@ impl Config {
         }
     }
 
-    /// Time allowed to open a connection (default 1 s). A Redis that is down
+    /// Time allowed to open a connection (default 1 s; from 1 ms to an hour,
+    /// checked by [`Client::new`] and [`init_with`]). A Redis that is down
     /// makes an operation fail after about `connect_timeout + response_timeout`.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// Time allowed for Redis to answer one command (default 1 s). Every
-    /// call is bounded by `connect_timeout + response_timeout` in all, a
-    /// reconnect it has to wait for included.
+    /// Time allowed for Redis to answer one command (default 1 s; from 1 ms
+    /// to an hour). Every call is bounded by `connect_timeout +
+    /// response_timeout` in all, a reconnect it has to wait for and its
+    /// retries included.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -89,7 +91,32 @@ impl Config {
     pub fn redacted_url(&self) -> String {
         redact_url(&self.url)
     }
+
+    /// Checks everything but the URL: timeouts in range, a prefix that
+    /// keeps the hash tag.
+    fn check(&self) -> Result<(), LockError> {
+        for (what, timeout) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
+                return Err(LockError::config(format!(
+                    "{what} of {timeout:?} is out of range: give it from 1 ms to an hour"
+                )));
+            }
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(LockError::config(format!(
+                "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
+                self.key_prefix
+            )));
+        }
+        Ok(())
+    }
 }
+
+/// The longest connect or response timeout accepted.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -139,12 +166,7 @@ impl Client {
     /// fails on a malformed URL. Must be called inside a Tokio runtime.
     pub fn new(config: Config) -> Result<Self, LockError> {
         let redis_client = parse_url(&config)?;
-        if config.key_prefix.contains(['{', '}']) {
-            return Err(LockError::config(format!(
-                "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
-                config.key_prefix
-            )));
-        }
+        config.check()?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(LockError::config(
                 "the lock client must be created inside a Tokio runtime",
@@ -243,6 +265,11 @@ impl Client {
         &self.inner.config.key_prefix
     }
 
+    /// The scripts this client had Redis run.
+    pub(crate) fn scripts(&self) -> &crate::scripts::ScriptsSent {
+        self.inner.connection.scripts()
+    }
+
     /// The longest one Redis call may take before it fails with a timeout.
     pub(crate) fn call_deadline(&self) -> Duration {
         call_deadline(&self.inner.config)
@@ -307,6 +334,7 @@ pub fn init(url: impl Into<String>) -> Result<(), LockError> {
 /// Configures the process-wide client with a full [`Config`].
 pub fn init_with(config: Config) -> Result<(), LockError> {
     parse_url(&config)?;
+    config.check()?;
     let redacted = config.redacted_url();
     if !global_clients().is_empty() {
         return Err(LockError::config(

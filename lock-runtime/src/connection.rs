@@ -24,6 +24,8 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, RetryMethod};
 
+use crate::scripts::ScriptsSent;
+
 /// The first pause before a retry; doubled up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(5);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -35,6 +37,8 @@ pub(crate) struct Connection {
     generation: AtomicU64,
     /// The longest one call may take, its retries included.
     deadline: Duration,
+    /// The scripts this client had Redis run (sent as EVAL the first time).
+    scripts: ScriptsSent,
 }
 
 /// One connection manager; replaced as a whole when a call times out.
@@ -59,7 +63,12 @@ impl Connection {
             }),
             generation: AtomicU64::new(0),
             deadline,
+            scripts: ScriptsSent::default(),
         })
+    }
+
+    pub(crate) fn scripts(&self) -> &ScriptsSent {
+        &self.scripts
     }
 
     /// Replaces the connection `stale` (one that let a call time out) with a

@@ -53,7 +53,7 @@ async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
             let cmd = &cmd;
             async move {
                 let sent_at = Instant::now();
-                let code: i64 = run(script, cmd, &mut connection).await?;
+                let code: i64 = run(script, cmd, &mut connection, hold.client.scripts()).await?;
                 let earlier_may_have_run = may_have_run || attempt > 0;
                 Ok(
                     if code <= 0 && earlier_may_have_run && sent_at < hold.valid_until() {
@@ -263,7 +263,12 @@ impl LockGuard {
         self.renewal.take();
         let hold = Arc::clone(self.hold());
         self.releasing = true;
-        let result = match hold.reported_loss() {
+        let loss = hold.reported_loss();
+        // Before the release is sent: a reentrant body that escaped the
+        // outer one (its future polled elsewhere) stops now, not when the
+        // reply comes back, by which time another holder may have the key.
+        hold.mark_released();
+        let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
                 key: hold.name().to_owned(),
@@ -283,7 +288,6 @@ impl LockGuard {
         // Only now is the guard disarmed: a cancelled release above drops
         // `self` still armed, and Drop releases in the background.
         self.armed = false;
-        hold.mark_released();
         match result {
             Ok(()) | Err(LockError::Lost { .. }) if hold.linger => {
                 spawn_release(Arc::clone(&hold), true);
@@ -320,8 +324,8 @@ impl Drop for LockGuard {
         self.renewal.take();
         if self.armed {
             let hold = Arc::clone(self.hold());
-            spawn_release(Arc::clone(&hold), self.releasing);
             hold.mark_released();
+            spawn_release(hold, self.releasing);
         }
     }
 }

@@ -52,6 +52,9 @@ pub(crate) struct Acquired {
     /// An attempt of the acquisition timed out: a command stuck in the
     /// replaced connection may still reach Redis later.
     pub(crate) linger: bool,
+    /// The key expires no earlier than this (known when the lock was found
+    /// already taken with its token, with its remaining ttl).
+    pub(crate) expires_by: Option<Instant>,
 }
 
 pub(crate) struct Hold {
@@ -106,8 +109,10 @@ impl Hold {
             hold_at_least,
             stop_on_loss,
             linger,
+            expires_by,
         } = acquired;
-        let valid_until = to_nanos(sent_at + ttl - drift_margin(ttl));
+        let expiry = expires_by.map_or(sent_at + ttl, |by| by.min(sent_at + ttl));
+        let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
         Arc::new(Hold {
             client,
             keys,

@@ -8,7 +8,7 @@ use crate::client::{global_client, Client};
 use crate::error::LockError;
 use crate::guard::{LockGuard, OnLost};
 use crate::keys::LockKeys;
-use crate::watch::held_in_this_task;
+use crate::watch::{held_in_this_task, Entry};
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
 /// client to use. Building one costs nothing and touches no network; it is
@@ -166,11 +166,16 @@ impl Lock {
     /// release does nothing, and the lock is released when the outermost
     /// holder exits.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        self.take(Entry::Guard).await
+    }
+
+    /// `acquire`, for a guard that is a manual one or runs a body.
+    async fn take(&self, entry: Entry) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
         if let Some(scope) = &acquisition.held {
             // Boxed, like waiting: a rare path that should not size the
             // common one's future.
-            return Box::pin(acquisition.reentered(scope)).await;
+            return Box::pin(acquisition.reentered(scope, entry)).await;
         }
         match self.wait {
             None => acquisition.once().await,
@@ -185,7 +190,7 @@ impl Lock {
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         let acquisition = self.prepare()?;
         if let Some(scope) = &acquisition.held {
-            return Box::pin(acquisition.reentered(scope)).await;
+            return Box::pin(acquisition.reentered(scope, Entry::Guard)).await;
         }
         acquisition.once().await
     }
@@ -202,7 +207,7 @@ impl Lock {
     /// unrenewed ttl), the body's output is still returned, since its work is
     /// done, and the loss is logged at error level.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        let guard = self.acquire().await?;
+        let guard = self.take(Entry::Body).await?;
         let output = guard.run(body).await?;
         if let Err(error) = guard.release().await {
             tracing::error!(lock = %self.name, %error, "critical section finished, but its release failed");

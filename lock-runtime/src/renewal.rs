@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use crate::connection::Connection;
 use crate::error::LostCause;
 use crate::hold::{drift_margin, Hold};
-use crate::scripts::{RENEW, RENEW_SOURCE};
+use crate::scripts::{as_eval, is_noscript, RENEW};
 
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
@@ -332,7 +332,7 @@ impl Renewer {
         let mut pipe = redis::pipe();
         for chunk in batch.chunks(LOCKS_PER_CALL) {
             let mut call = redis::cmd("EVALSHA");
-            call.arg(RENEW.get_hash()).arg(chunk.len());
+            call.arg(RENEW.hash()).arg(chunk.len());
             for (_, hold) in chunk {
                 call.arg(&hold.keys.lock);
             }
@@ -344,30 +344,39 @@ impl Renewer {
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let scripts = self.connection.scripts();
+        let eval = || {
+            let mut eval = redis::pipe();
+            for call in pipe.cmd_iter() {
+                eval.add_command(as_eval(&RENEW, call));
+            }
+            eval
+        };
         let calls: Vec<Vec<i64>> = self
             .connection
             .call(|mut connection, _| {
-                let pipe = &pipe;
+                let (pipe, eval) = (&pipe, &eval);
                 async move {
                     self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-                    match pipe.query_async(&mut connection).await {
-                        Err(error)
-                            if error.kind()
-                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                        {
-                            // Redis restarted or its script cache was
-                            // flushed: load, and send the pipeline again.
-                            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-                            redis::cmd("SCRIPT")
-                                .arg("LOAD")
-                                .arg(RENEW_SOURCE)
-                                .query_async::<String>(&mut connection)
-                                .await?;
-                            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-                            pipe.query_async(&mut connection).await
+                    let result = if !scripts.has(&RENEW) {
+                        // This client's first renewal: as EVAL, which
+                        // caches the script.
+                        eval().query_async(&mut connection).await
+                    } else {
+                        match pipe.query_async(&mut connection).await {
+                            Err(error) if is_noscript(&error) => {
+                                // Redis restarted or its script cache was
+                                // flushed: the same calls as EVAL.
+                                self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                                eval().query_async(&mut connection).await
+                            }
+                            result => result,
                         }
-                        result => result,
+                    };
+                    if result.is_ok() {
+                        scripts.add(&RENEW);
                     }
+                    result
                 }
             })
             .await?;

@@ -1,37 +1,98 @@
 //! The Lua scripts. Each runs atomically in Redis: no other command runs
 //! between its reads and its writes. They are sent by EVALSHA ([`evalsha`]);
-//! [`run`] loads a script and retries once when Redis answers NOSCRIPT (after
-//! a restart or SCRIPT FLUSH).
+//! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH), [`run`]
+//! sends the same call again as EVAL with the script's source, which runs it
+//! and caches it again: one extra round trip, not two.
+
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use once_cell::sync::Lazy;
-use redis::{aio::ConnectionLike, Cmd, FromRedisValue, RedisResult, Script};
+use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
+
+/// A script: its source, the SHA1 that EVALSHA names it by, and its bit in
+/// a [`ScriptsSent`] set.
+pub(crate) struct LuaScript {
+    source: String,
+    hash: String,
+    bit: u8,
+}
+
+impl LuaScript {
+    fn new(source: String, bit: u8) -> LuaScript {
+        let hash = Script::new(&source).get_hash().to_owned();
+        LuaScript { source, hash, bit }
+    }
+
+    pub(crate) fn hash(&self) -> &str {
+        &self.hash
+    }
+}
 
 /// `EVALSHA <script> <keys>`, for the caller to add the keys and arguments
 /// (`args` of them, about `bytes` long in all). Built as one command, with
 /// keys and arguments written once into a buffer sized up front (the
 /// `redis` crate's `ScriptInvocation` copies each twice).
-pub(crate) fn evalsha(script: &Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+pub(crate) fn evalsha(script: &LuaScript, keys: usize, args: usize, bytes: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd.arg("EVALSHA").arg(script.hash()).arg(keys);
     cmd
 }
 
-/// Runs an [`evalsha`] command; if Redis lost the script (a restart, SCRIPT
-/// FLUSH), loads it and runs the command again.
+/// The [`evalsha`] command `cmd` as `EVAL <source> ...`.
+pub(crate) fn as_eval(script: &LuaScript, cmd: &Cmd) -> Cmd {
+    let mut eval = Cmd::new();
+    eval.arg("EVAL").arg(&script.source);
+    for arg in cmd.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
+/// Whether Redis answered that it does not know the script.
+pub(crate) fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The scripts one client has had run by Redis: the first call of each is
+/// sent as EVAL (which caches it), so that a fresh client's first acquire,
+/// release or renewal costs one round trip, not the three of EVALSHA,
+/// NOSCRIPT, EVAL.
+#[derive(Default)]
+pub(crate) struct ScriptsSent(AtomicU8);
+
+impl ScriptsSent {
+    pub(crate) fn has(&self, script: &LuaScript) -> bool {
+        self.0.load(Ordering::Relaxed) & script.bit != 0
+    }
+
+    pub(crate) fn add(&self, script: &LuaScript) {
+        self.0.fetch_or(script.bit, Ordering::Relaxed);
+    }
+}
+
+/// Runs an [`evalsha`] command: as EVAL if this client never ran the script;
+/// again as EVAL if Redis lost it (a restart, SCRIPT FLUSH), which also
+/// caches it again.
 pub(crate) async fn run<T: FromRedisValue>(
-    script: &Script,
+    script: &LuaScript,
     cmd: &Cmd,
     connection: &mut impl ConnectionLike,
+    sent: &ScriptsSent,
 ) -> RedisResult<T> {
-    match cmd.query_async(connection).await {
-        Err(error)
-            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-        {
-            script.prepare_invoke().load_async(connection).await?;
-            cmd.query_async(connection).await
+    let result = if sent.has(script) {
+        match cmd.query_async(connection).await {
+            Err(error) if is_noscript(&error) => as_eval(script, cmd).query_async(connection).await,
+            result => result,
         }
-        result => result,
+    } else {
+        as_eval(script, cmd).query_async(connection).await
+    };
+    if result.is_ok() {
+        sent.add(script);
     }
+    result
 }
 
 // A held lock's value is its holder's token, followed by `|<channel>|<token>`
@@ -98,7 +159,9 @@ end
 ///        mine (1: an earlier attempt with this token got no answer; if the
 ///        lock holds the token, that attempt took it: say so, with the
 ///        fencing token it was given).
-/// Returns `{1, fencing_token or 0}` when acquired, else `{0, pttl}` (the
+/// Returns `{1, fencing_token or 0}` when acquired, `{1, fencing_token or 0,
+/// pttl}` when `mine` found the lock already taken with this token (its
+/// remaining ttl bounds the holder's validity), else `{0, pttl}` (the
 /// holder's remaining ttl in ms, or -2 when the lock is free but another
 /// waiter is first in line).
 ///
@@ -109,15 +172,16 @@ end
 /// last token + 1 if that is not larger: strictly increasing per key while
 /// the fence key lives, and across its expiry as long as the server clock
 /// does not step back.
-pub(crate) static ACQUIRE: Lazy<Script> =
-    Lazy::new(|| Script::new(&[MARK, PRUNE, ACQUIRE_BODY].concat()));
+pub(crate) static ACQUIRE: Lazy<LuaScript> =
+    Lazy::new(|| LuaScript::new([MARK, PRUNE, ACQUIRE_BODY].concat(), 1));
 
 const ACQUIRE_BODY: &str = r"
 if ARGV[8] == '1' then
   local held = redis.call('GET', KEYS[1])
   if held and (held == ARGV[1] or string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. '|') then
-    if ARGV[3] == '0' then return {1, 0} end
-    return {1, tonumber(redis.call('GET', KEYS[2]))}
+    local fence = 0
+    if ARGV[3] ~= '0' then fence = tonumber(redis.call('GET', KEYS[2])) or 0 end
+    return {1, fence, redis.call('PTTL', KEYS[1])}
   end
 end
 local timeout = tonumber(ARGV[4])
@@ -171,8 +235,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// client, 1 when released (nobody to wake, or nobody listening), 0 when the
 /// key was gone (expired), -1 when another holder's token is there (left
 /// untouched).
-pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
-    Script::new(
+pub(crate) static RELEASE: Lazy<LuaScript> = Lazy::new(|| {
+    LuaScript::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
@@ -189,7 +253,9 @@ if not bar then return 1 end
 -- 2 only if a client listens on the waiter's channel
 if redis.call('PUBLISH', string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1)) > 0 then return 2 end
 return 1
-",
+"
+        .to_owned(),
+        2,
     )
 });
 
@@ -204,8 +270,8 @@ return 1
 /// KEYS = lock. ARGV = token, keep_ms. Returns 1 when kept (or already kept
 /// by an earlier attempt of this release), 0 when the key was gone, -1 when
 /// another holder's token is there.
-pub(crate) static RELEASE_KEEPING: Lazy<Script> = Lazy::new(|| {
-    Script::new(
+pub(crate) static RELEASE_KEEPING: Lazy<LuaScript> = Lazy::new(|| {
+    LuaScript::new(
         r"
 local held = redis.call('GET', KEYS[1])
 if held == false then return 0 end
@@ -214,7 +280,9 @@ if held == kept or string.sub(held, 1, #kept + 1) == kept .. '|' then return 1 e
 if held ~= ARGV[1] and string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return -1 end
 redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
 return 1
-",
+"
+        .to_owned(),
+        4,
     )
 });
 
@@ -223,8 +291,8 @@ return 1
 /// KEYS = lock, queue, waiters. ARGV = member (`<channel>|<token>`).
 /// The holder's wake mark then names the new head of the queue; if the lock
 /// is free and the leaver was first in line, the new head is told instead.
-pub(crate) static LEAVE: Lazy<Script> =
-    Lazy::new(|| Script::new(&[MARK, PRUNE, LEAVE_BODY].concat()));
+pub(crate) static LEAVE: Lazy<LuaScript> =
+    Lazy::new(|| LuaScript::new([MARK, PRUNE, LEAVE_BODY].concat(), 8));
 
 const LEAVE_BODY: &str = r"
 local first = redis.call('LINDEX', KEYS[2], '0') == ARGV[1]
@@ -244,8 +312,8 @@ end
 return 1
 ";
 
-/// Source of [`RENEW`], for loading it after a NOSCRIPT inside a pipeline.
-pub(crate) const RENEW_SOURCE: &str = r"
+/// Source of [`RENEW`].
+const RENEW_SOURCE: &str = r"
 local result = {}
 for i, key in ipairs(KEYS) do
   local held = redis.call('GET', key)
@@ -267,4 +335,5 @@ return result
 /// Returns one code a key: 1 extended, 0 key gone, -1 another holder's token
 /// (left untouched). One call renews up to 100 locks of one client, so all
 /// its keys must live on one Redis node (group by slot on a cluster).
-pub(crate) static RENEW: Lazy<Script> = Lazy::new(|| Script::new(RENEW_SOURCE));
+pub(crate) static RENEW: Lazy<LuaScript> =
+    Lazy::new(|| LuaScript::new(RENEW_SOURCE.to_owned(), 16));

@@ -3,7 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -22,16 +23,32 @@ use crate::keys::LockKeys;
 pub(crate) struct Scope {
     hold: Arc<Hold>,
     outer: Option<Arc<Scope>>,
-    /// The Tokio task whose call chain runs the body (`None` outside any
-    /// task: the future given to `Runtime::block_on`). A future polled
-    /// inside the body by another task (a `LocalSet` driven by the body) is
-    /// not part of the chain, although it sees the task-local.
-    task: Option<tokio::task::Id>,
+    /// The Tokio task polling the body now (`None` outside any task: the
+    /// future given to `Runtime::block_on`), updated at every poll, so a
+    /// body moved to another task keeps its chain. A future polled inside
+    /// the body by another task (a `LocalSet` driven by the body) is not
+    /// part of the chain, although it sees the task-local.
+    task: Mutex<Option<tokio::task::Id>>,
     /// One permit: a reentrant entry of this scope's lock holds it for as
     /// long as it lasts, so that concurrent entries of one task (`join!`,
     /// `select!`, `FuturesUnordered`) exclude each other as entries from
     /// other tasks do.
     entry: Semaphore,
+    /// Who holds the permit: [`Entry::Body`] or [`Entry::Guard`] as a u8,
+    /// 0 when free.
+    entered_by: AtomicU8,
+}
+
+/// What a reentrant entry is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// A body run under the lock (`Lock::run`, the attribute): code nested
+    /// in it runs in its own scope.
+    Body = 1,
+    /// A guard from `acquire()`: code after it runs in the same scope, so an
+    /// entry finding the permit taken by it cannot tell nesting from
+    /// concurrency.
+    Guard = 2,
 }
 
 impl Scope {
@@ -39,22 +56,60 @@ impl Scope {
         &self.hold
     }
 
-    /// Takes this scope's entry permit: at once, or within `wait`.
-    /// Returns false when it stayed taken. Give it back with
-    /// [`leave`](Scope::leave).
-    pub(crate) async fn enter(&self, wait: Option<Duration>) -> bool {
-        let acquired = match wait {
-            None => self.entry.try_acquire().ok(),
-            Some(wait) => tokio::time::timeout(wait, self.entry.acquire())
-                .await
-                .ok()
-                .and_then(Result::ok),
-        };
-        acquired.map(SemaphorePermit::forget).is_some()
+    /// Takes this scope's entry permit at once, if it is free.
+    pub(crate) fn try_enter(&self, entry: Entry) -> bool {
+        let taken = self
+            .entry
+            .try_acquire()
+            .map(SemaphorePermit::forget)
+            .is_ok();
+        if taken {
+            self.entered_by.store(entry as u8, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Takes this scope's entry permit within `wait`. Returns false when it
+    /// stayed taken. Give it back with [`leave`](Scope::leave).
+    pub(crate) async fn enter(&self, entry: Entry, wait: Duration) -> bool {
+        let taken = tokio::time::timeout(wait, self.entry.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(SemaphorePermit::forget)
+            .is_some();
+        if taken {
+            self.entered_by.store(entry as u8, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Whether a manual guard holds the permit.
+    pub(crate) fn entered_by_guard(&self) -> bool {
+        self.entered_by.load(Ordering::Acquire) == Entry::Guard as u8
     }
 
     pub(crate) fn leave(&self) {
+        self.entered_by.store(0, Ordering::Release);
         self.entry.add_permits(1);
+    }
+
+    fn task(&self) -> Option<tokio::task::Id> {
+        *self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records the task polling the body now.
+    fn polled_by(&self, task: Option<tokio::task::Id>) {
+        let mut current = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *current != task {
+            *current = task;
+        }
     }
 }
 
@@ -70,7 +125,7 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
             let mut scope = Some(scope);
             while let Some(current) = scope {
                 if current.hold.same_lock(client, keys) {
-                    return (current.task == tokio::task::try_id()).then(|| Arc::clone(current));
+                    return (current.task() == tokio::task::try_id()).then(|| Arc::clone(current));
                 }
                 scope = current.outer.as_ref();
             }
@@ -101,7 +156,7 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
 pub fn current() -> Option<HeldLock> {
     CURRENT
         .try_with(|scope| {
-            (scope.task == tokio::task::try_id()).then(|| HeldLock {
+            (scope.task() == tokio::task::try_id()).then(|| HeldLock {
                 hold: Arc::clone(&scope.hold),
             })
         })
@@ -190,6 +245,7 @@ pin_project! {
     pub(crate) struct Watched<F: Future> {
         #[pin]
         body: TaskLocalFuture<Arc<Scope>, F>,
+        scope: Arc<Scope>,
         #[pin]
         deadline: tokio::time::Sleep,
         // Woken when the hold is lost or released; `None` when neither
@@ -209,14 +265,16 @@ pub(crate) fn watch<F: Future>(
     reentrant: bool,
     body: F,
 ) -> Watched<F> {
-    let scope = Scope {
+    let scope = Arc::new(Scope {
         hold: Arc::clone(&hold),
         outer: CURRENT.try_with(Arc::clone).ok(),
-        task: tokio::task::try_id(),
+        task: Mutex::new(tokio::task::try_id()),
         entry: Semaphore::const_new(1),
-    };
+        entered_by: AtomicU8::new(0),
+    });
     Watched {
-        body: CURRENT.scope(Arc::new(scope), body),
+        body: CURRENT.scope(Arc::clone(&scope), body),
+        scope,
         deadline: tokio::time::sleep_until(hold.valid_until().into()),
         signal: (stop_on_loss || reentrant).then(|| hold.loss_signal()),
         hold,
@@ -246,6 +304,7 @@ impl<F: Future> Future for Watched<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        this.scope.polled_by(tokio::task::try_id());
         if let Some(signal) = this.signal.as_mut() {
             // Registered before the check below, so that a loss recorded
             // between the two still wakes this task.
