@@ -487,13 +487,13 @@ async fn renewal_holds_under_latency_below_a_third_of_the_ttl() {
 
 /// The same latency from a cold start: a fresh client (its connection
 /// opened by the acquire, two round trips) on a Redis whose script cache
-/// does not hold the renewal script yet (its first renewal costs three:
-/// EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA). The first renewal is confirmed
-/// about 10 one-way latencies after the acquire was sent, past the 592 ms
-/// validity from 60 ms on: the holder is told NotRenewed although Redis
-/// renewed the key in time.
+/// does not hold the renewal script yet. The client's first renewal is sent
+/// as EVAL (one round trip, and it caches the script); sent as EVALSHA, it
+/// cost three (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA), was confirmed about
+/// 10 one-way latencies after the acquire was sent, past the 592 ms
+/// validity, and the holder was told NotRenewed although Redis renewed the
+/// key in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime issue: a cold first renewal takes 3 round trips; lost from ~60 ms one-way latency at ttl 600 ms"]
 async fn renewal_holds_under_latency_from_a_cold_start() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
