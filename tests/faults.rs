@@ -319,8 +319,7 @@ async fn a_stalled_connection_fails_calls_at_their_deadline_then_recovers() {
     let proxy = Proxy::start(server.port());
     let client = through(&proxy);
     // Open the connection.
-    let warm = Lock::new("warm").client(client.clone()).acquire().await;
-    warm.unwrap().release().await.unwrap();
+    warm_up(&client).await;
 
     proxy.stall();
     let started = Instant::now();
@@ -362,8 +361,7 @@ async fn a_connection_that_stays_stalled_is_replaced() {
     let server = RedisServer::start();
     let freezer = Freezer::start(server.port());
     let client = client(freezer.url());
-    let warm = Lock::new("warm").client(client.clone()).acquire().await;
-    warm.unwrap().release().await.unwrap();
+    warm_up(&client).await;
 
     freezer.freeze_existing();
     let started = Instant::now();
@@ -473,8 +471,7 @@ async fn renewal_holds_under_latency_below_a_third_of_the_ttl() {
         client.renewal_stats().renewals_sent >= 2
     })
     .await;
-    let warm = Lock::new("warm").client(client.clone()).acquire().await;
-    warm.unwrap().release().await.unwrap();
+    warm_up(&client).await;
     proxy.set_latency(Duration::from_millis(80));
     let sent = client.renewal_stats().renewals_sent;
     assert_held_throughout(&server, &guard, Duration::from_secs(2)).await;
@@ -944,6 +941,18 @@ impl Drop for Freezer {
     }
 }
 
+/// Opens the client's connection and has Redis run its scripts once (a
+/// plain and a waiting acquire, a release), so that a fault injected next
+/// meets a warm client.
+async fn warm_up(client: &Client) {
+    let lock = Lock::new("warm").client(client.clone());
+    lock.acquire().await.unwrap().release().await.unwrap();
+    lock.wait(Duration::from_millis(10))
+        .run(async {})
+        .await
+        .unwrap();
+}
+
 /// A client whose calls give up after 150 + 150 ms, for attempts that a
 /// 1.5 s latency turns into timeouts.
 fn impatient(proxy: &Proxy) -> Client {
@@ -966,12 +975,7 @@ async fn a_late_attempt_of_a_finished_acquisition_leaves_no_lock() {
     let proxy = Arc::new(Proxy::start(server.port()));
     let a = impatient(&proxy);
     // Warm A's connection and scripts.
-    Lock::new("warm")
-        .wait(Duration::from_millis(10))
-        .client(a.clone())
-        .run(async {})
-        .await
-        .unwrap();
+    warm_up(&a).await;
     let held_by_b = Lock::new("ghost")
         .client(direct(&server))
         .acquire()
@@ -1027,12 +1031,7 @@ async fn a_lock_found_taken_by_a_late_attempt_is_valid_no_longer_than_its_key() 
     let server = Arc::new(RedisServer::start());
     let proxy = Arc::new(Proxy::start(server.port()));
     let a = impatient(&proxy);
-    Lock::new("warm")
-        .wait(Duration::from_millis(10))
-        .client(a.clone())
-        .run(async {})
-        .await
-        .unwrap();
+    warm_up(&a).await;
     let _held_by_b = Lock::new("v")
         .client(direct(&server))
         .acquire()

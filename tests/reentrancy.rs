@@ -122,6 +122,15 @@ impl Inside {
     }
 }
 
+/// A multi-thread runtime (for `block_in_place` and moves between workers).
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn client(server: &RedisServer) -> lock_runtime::Client {
     lock_runtime::Client::new(lock_runtime::Config::new(server.url())).unwrap()
 }
@@ -133,11 +142,7 @@ fn client(server: &RedisServer) -> lock_runtime::Client {
 #[test]
 fn reentry_matrix() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     runtime.block_on(async {
         let client = client(&server);
         let lock = Lock::new("matrix").client(client.clone());
@@ -398,11 +403,7 @@ fn entries_under_a_manual_guard_fail_fast_and_guard_run_nests() {
 #[test]
 fn a_body_moved_to_another_task_keeps_its_chain() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     runtime.block_on(async {
         let client = client(&server);
         let lock = Lock::new("moved").client(client);
