@@ -622,6 +622,51 @@ async fn a_waiter_rides_out_dropped_connections() {
     assert!(!exists(&server, "awaited"));
 }
 
+/// A waiter whose connections are closed when idle (100 ms) and then
+/// stalled for a second, the holder releasing during the stall: the waiter
+/// rides out both faults and takes the lock after the stall; nobody else
+/// held it meanwhile, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_idle_closes_and_a_stall() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let holder = Lock::new("stalled-wait")
+        .ttl(LONG_TTL)
+        .client(direct(&server))
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_idle_timeout(Some(Duration::from_millis(100)));
+    let waiter = spawn_waiter(&through(&proxy), "stalled-wait", Duration::from_secs(8));
+    wait_until_async("the waiter is queued", BOUND, || {
+        queued(&server, "stalled-wait")
+    })
+    .await;
+    // Its connections are closed between its attempts (500 ms apart).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!waiter.is_finished(), "{:?}", waiter.await);
+    proxy.set_idle_timeout(None);
+    proxy.stall();
+    holder.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // the stall lasts
+    assert!(!waiter.is_finished(), "{:?}", waiter.await);
+    assert!(
+        !exists(&server, "stalled-wait"),
+        "someone took it during the stall"
+    );
+    let resumed_at = Instant::now();
+    proxy.resume();
+    let (result, acquired_at) = waiter.await.unwrap();
+    let guard = result.expect("the waiter gets the lock after the stall");
+    assert!(
+        acquired_at - resumed_at < BOUND,
+        "took {:?} after the stall",
+        acquired_at - resumed_at
+    );
+    guard.release().await.unwrap();
+    assert_gone_within(&server, "stalled-wait", RETRY_WINDOW).await;
+}
+
 /// Redis unreachable for 1.5 s of a 5 s wait: the waiter keeps trying and
 /// takes the lock once Redis is back. Old behaviour: it failed at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
