@@ -667,6 +667,63 @@ async fn a_waiter_rides_out_idle_closes_and_a_stall() {
     assert_gone_within(&server, "stalled-wait", RETRY_WINDOW).await;
 }
 
+/// A lock a waiter takes after riding out an outage or a stall is valid
+/// from the attempt that took it, not from an older attempt whose answer
+/// was lost: a renewed body runs, and the hold is renewed. (It was reported
+/// lost at once, `NotRenewed`, its body never run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_after_a_fault_during_the_wait_is_valid() {
+    let server = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(server.port()));
+    for stall in [false, true] {
+        let name = if stall { "after-stall" } else { "after-outage" };
+        let holder = Lock::new(name)
+            .client(direct(&server))
+            .acquire()
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let lock = Lock::new(name)
+                .ttl(Duration::from_secs(2))
+                .renew()
+                .wait(Duration::from_secs(20))
+                .client(through(&proxy));
+            async move {
+                lock.run(async {
+                    let held = lock_runtime::current().unwrap();
+                    (held.is_held(), held.remaining())
+                })
+                .await
+            }
+        });
+        wait_until_async("the waiter is queued", BOUND, || queued(&server, name)).await;
+        if stall {
+            proxy.stall();
+        } else {
+            proxy.refuse(true);
+            proxy.drop_all();
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await; // the fault lasts
+        holder.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if stall {
+            proxy.resume();
+        } else {
+            proxy.refuse(false);
+        }
+        let (held, remaining) = waiter
+            .await
+            .unwrap()
+            .expect("the body runs under the lock it got");
+        assert!(held, "{name}: held at once");
+        assert!(
+            remaining > Duration::from_secs(1),
+            "{name}: only {remaining:?} of a 2 s ttl left"
+        );
+        assert_gone_within(&server, name, RETRY_WINDOW).await;
+    }
+}
+
 /// Redis unreachable for 1.5 s of a 5 s wait: the waiter keeps trying and
 /// takes the lock once Redis is back. Old behaviour: it failed at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -282,8 +282,13 @@ impl Acquisition<'_> {
             // The script (after an attempt of unknown outcome) or SET NX
             // said the lock is not ours.
             Ok(Attempt::Busy(_)) => unknown.resolved(),
-            // The connection was replaced with the attempt stuck in it.
-            Err(LockError::Redis { source, .. }) if source.is_timeout() => unknown.stalled = true,
+            // The attempt may still be on its way (stuck in a replaced
+            // connection, or forwarded by a proxy that then reset the
+            // client's side) and land later; a refused connection sent
+            // nothing.
+            Err(LockError::Redis { source, .. }) if !source.is_connection_refusal() => {
+                unknown.stalled = true
+            }
             _ => {}
         }
         result
@@ -427,14 +432,11 @@ impl Attempt {
 struct Unknown<'a> {
     acquisition: &'a Acquisition<'a>,
     token: &'a str,
-    /// The send time of the first attempt whose outcome is unknown: the key
-    /// was set no earlier, so validity counts from it.
-    first_sent: Option<Instant>,
     /// The send time of the last attempt: the key was set no later.
     last_sent: Instant,
     /// An attempt is in flight or ended without an answer.
     open: bool,
-    /// An attempt timed out: a copy may still reach Redis later.
+    /// An attempt failed without an answer: it may still reach Redis later.
     stalled: bool,
 }
 
@@ -443,7 +445,6 @@ impl<'a> Unknown<'a> {
         Unknown {
             acquisition,
             token,
-            first_sent: None,
             last_sent: Instant::now(),
             open: false,
             stalled: false,
@@ -455,9 +456,6 @@ impl<'a> Unknown<'a> {
     fn sent(&mut self) -> bool {
         let earlier = self.open;
         self.last_sent = Instant::now();
-        if !self.open {
-            self.first_sent = Some(self.last_sent);
-        }
         self.open = true;
         earlier
     }
@@ -471,14 +469,26 @@ impl<'a> Unknown<'a> {
         }
     }
 
-    /// Redis said the lock is held with this token: the guard. Its validity
-    /// counts from the first attempt of unknown outcome (the key was set no
-    /// earlier), and, when the lock was found already taken (`found`, its
-    /// remaining ttl), no longer than that remaining ttl from this attempt.
+    /// Redis said the lock is held with this token: the guard. Taken by this
+    /// attempt, its validity counts from this attempt's send time. Found
+    /// already taken (`found`: by an earlier attempt whose answer was lost,
+    /// which may have landed at any time since it was sent; the key's
+    /// remaining ttl), the key lives at least that remaining ttl from this
+    /// attempt's send time: the hold counts as taken one ttl before that, so
+    /// that its validity ends then and a renewal falls due at once.
     fn acquired(mut self, fence: Option<u64>, found: Option<Duration>) -> LockGuard {
         self.open = false;
-        let sent_at = self.first_sent.unwrap_or(self.last_sent);
-        let expires_by = found.map(|remaining| self.last_sent + remaining);
+        let (sent_at, expires_by) = match found {
+            None => (self.last_sent, None),
+            Some(remaining) => {
+                let expiry = self.last_sent + remaining;
+                let ttl = self.acquisition.lock.settings().ttl;
+                (
+                    expiry.checked_sub(ttl).unwrap_or(self.last_sent),
+                    Some(expiry),
+                )
+            }
+        };
         self.acquisition.guard(
             self.token.to_owned(),
             sent_at,

@@ -235,7 +235,10 @@ impl Lock {
             )));
         }
         let in_range = |what: &str, value: Option<Duration>| match value {
-            Some(value) if value.is_zero() || value.as_millis() > u128::from(MAX_DURATION_MS) => {
+            Some(value)
+                if value < Duration::from_millis(1)
+                    || value.as_millis() > u128::from(MAX_DURATION_MS) =>
+            {
                 Err(LockError::config(format!(
                     "lock `{name}` has a {what} of {value:?}; it must be from 1 ms to a year \
                      (8760 h)"
