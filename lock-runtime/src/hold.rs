@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use once_cell::sync::Lazy;
@@ -86,8 +86,9 @@ pub(crate) struct Hold {
     lost: AtomicU8,
     /// Renewals stopped because `max_hold` was reached.
     max_hold_reached: AtomicBool,
-    /// Wakes every body run under this hold when it is lost or released.
-    lost_signal: Arc<Notify>,
+    /// Wakes every body run under this hold when it is lost or released;
+    /// made by the first body that needs it.
+    lost_signal: OnceLock<Arc<Notify>>,
 }
 
 impl Hold {
@@ -128,7 +129,7 @@ impl Hold {
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
-            lost_signal: Arc::new(Notify::new()),
+            lost_signal: OnceLock::new(),
         })
     }
 
@@ -230,13 +231,18 @@ impl Hold {
     }
 
     /// A wake-up, registered now, for the next loss or release.
+    /// (Callers check for a loss after registering, so a loss recorded
+    /// before the signal existed is seen too.)
     pub(crate) fn loss_signal(&self) -> Pin<Box<OwnedNotified>> {
-        let mut notified = Box::pin(Arc::clone(&self.lost_signal).notified_owned());
+        let signal = self.lost_signal.get_or_init(|| Arc::new(Notify::new()));
+        let mut notified = Box::pin(Arc::clone(signal).notified_owned());
         notified.as_mut().enable();
         notified
     }
 
     fn wake(&self) {
-        self.lost_signal.notify_waiters();
+        if let Some(signal) = self.lost_signal.get() {
+            signal.notify_waiters();
+        }
     }
 }

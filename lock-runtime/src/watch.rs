@@ -3,8 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ pub(crate) struct Scope {
     /// body moved to another task keeps its chain. A future polled inside
     /// the body by another task (a `LocalSet` driven by the body) is not
     /// part of the chain, although it sees the task-local.
-    task: Mutex<Option<tokio::task::Id>>,
+    task: AtomicU64,
     /// One permit: a reentrant entry of this scope's lock holds it for as
     /// long as it lasts, so that concurrent entries of one task (`join!`,
     /// `select!`, `FuturesUnordered`) exclude each other as entries from
@@ -94,27 +94,53 @@ impl Scope {
         self.entry.add_permits(1);
     }
 
-    fn task(&self) -> Option<tokio::task::Id> {
-        *self
-            .task
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn task(&self) -> u64 {
+        self.task.load(Ordering::Relaxed)
     }
 
     /// Records the task polling the body now.
-    fn polled_by(&self, task: Option<tokio::task::Id>) {
-        let mut current = self
-            .task
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *current != task {
-            *current = task;
+    fn polled_by(&self, task: u64) {
+        if self.task() != task {
+            self.task.store(task, Ordering::Relaxed);
         }
     }
 }
 
 tokio::task_local! {
     static CURRENT: Arc<Scope>;
+}
+
+/// The Tokio task running now, as a number (0 outside any task). Tokio's
+/// task `Id` is a non-zero integer with no public accessor; its `Hash`
+/// writes that integer, which this hasher keeps as it is.
+fn this_task() -> u64 {
+    use std::hash::{Hash, Hasher};
+
+    #[derive(Default)]
+    struct Keep(u64);
+
+    impl Hasher for Keep {
+        fn write(&mut self, bytes: &[u8]) {
+            // Not how `Id` hashes today; kept exact for up to 8 bytes.
+            for &byte in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+            }
+        }
+
+        fn write_u64(&mut self, value: u64) {
+            self.0 = value;
+        }
+
+        fn finish(&self) -> u64 {
+            self.0
+        }
+    }
+
+    tokio::task::try_id().map_or(0, |id| {
+        let mut keep = Keep::default();
+        id.hash(&mut keep);
+        keep.finish()
+    })
 }
 
 /// The innermost scope of this lock (same client, same key) up this task's
@@ -125,7 +151,7 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
             let mut scope = Some(scope);
             while let Some(current) = scope {
                 if current.hold.same_lock(client, keys) {
-                    return (current.task() == tokio::task::try_id()).then(|| Arc::clone(current));
+                    return (current.task() == this_task()).then(|| Arc::clone(current));
                 }
                 scope = current.outer.as_ref();
             }
@@ -156,7 +182,7 @@ pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<
 pub fn current() -> Option<HeldLock> {
     CURRENT
         .try_with(|scope| {
-            (scope.task() == tokio::task::try_id()).then(|| HeldLock {
+            (scope.task() == this_task()).then(|| HeldLock {
                 hold: Arc::clone(&scope.hold),
             })
         })
@@ -268,7 +294,7 @@ pub(crate) fn watch<F: Future>(
     let scope = Arc::new(Scope {
         hold: Arc::clone(&hold),
         outer: CURRENT.try_with(Arc::clone).ok(),
-        task: Mutex::new(tokio::task::try_id()),
+        task: AtomicU64::new(this_task()),
         entry: Semaphore::const_new(1),
         entered_by: AtomicU8::new(0),
     });
@@ -304,7 +330,7 @@ impl<F: Future> Future for Watched<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        this.scope.polled_by(tokio::task::try_id());
+        this.scope.polled_by(this_task());
         if let Some(signal) = this.signal.as_mut() {
             // Registered before the check below, so that a loss recorded
             // between the two still wakes this task.
