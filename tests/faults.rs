@@ -1166,7 +1166,11 @@ async fn a_lock_found_taken_by_a_late_attempt_is_valid_no_longer_than_its_key() 
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
+    // `fair`: every attempt, the first included, is the queue script of
+    // one waiting acquisition (a plain waiting acquire tries a bare SET NX
+    // first, outside it).
     let guard = Lock::new("v")
+        .fair()
         .ttl(Duration::from_secs(1))
         .wait(Duration::from_secs(5))
         .client(a.clone())

@@ -10,14 +10,18 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use test_support::RedisServer;
 
-use crate::implementations::{attribute_pair, attribute_section, Kind, Locker};
+use crate::implementations::{
+    attribute_pair, attribute_section, attribute_wait_pair, Kind, Locker,
+};
 use crate::option;
 use crate::process_usage::{cpu_time, redis_cpu, redis_reads};
 use crate::renewal;
 
-const W1_KINDS: [Kind; 4] = [
+const W1_KINDS: [Kind; 6] = [
     Kind::Manual,
+    Kind::ManualWait,
     Kind::Attribute,
+    Kind::AttributeWait,
     Kind::HandWritten,
     Kind::Rslock,
 ];
@@ -292,6 +296,8 @@ async fn w1_interleaved(
 async fn pair(locker: &mut Locker, key: &str) {
     if let Locker::Attribute = locker {
         attribute_pair(key).await.expect("attribute pair");
+    } else if let Locker::AttributeWait = locker {
+        attribute_wait_pair(key).await.expect("attribute pair");
     } else {
         let held = locker.lock().await;
         locker.unlock(held).await;

@@ -12,8 +12,14 @@ pub(crate) enum Kind {
     Manual,
     /// This project, manual API, `fair`.
     ManualFair,
+    /// This project, manual API, `acquire` with a wait (the handler form),
+    /// in the uncontended workloads.
+    ManualWait,
     /// This project, the attribute (process-wide client).
     Attribute,
+    /// This project, the attribute with `wait = "2s"`, in the uncontended
+    /// workloads.
+    AttributeWait,
     /// The same operations written directly with the `redis` crate: SET NX PX,
     /// EVALSHA compare-and-delete; when busy, retry after 1 ms.
     HandWritten,
@@ -28,7 +34,9 @@ impl Kind {
         match self {
             Kind::Manual => "this project, manual API",
             Kind::ManualFair => "this project, manual API, fair",
+            Kind::ManualWait => "this project, manual API, wait",
             Kind::Attribute => "this project, #[distributed_lock]",
+            Kind::AttributeWait => "this project, #[distributed_lock], wait",
             Kind::HandWritten => "hand-written redis crate (floor)",
             Kind::Rslock => "rslock, defaults",
             Kind::RslockFast => "rslock, 1 ms retry delay",
@@ -52,6 +60,7 @@ pub(crate) enum Locker {
         wait: bool,
     },
     Attribute,
+    AttributeWait,
     HandWritten {
         connection: MultiplexedConnection,
         script: redis::Script,
@@ -72,13 +81,14 @@ impl Locker {
     /// A contender for `key`. `wait` asks the waiting variant (W3).
     pub(crate) async fn new(kind: Kind, url: &str, key: &str, wait: bool) -> Locker {
         match kind {
-            Kind::Manual | Kind::ManualFair => Locker::Ours {
+            Kind::Manual | Kind::ManualFair | Kind::ManualWait => Locker::Ours {
                 client: Client::new(Config::new(url)).expect("client"),
                 key: key.to_owned(),
                 fair: kind == Kind::ManualFair,
-                wait,
+                wait: wait || kind == Kind::ManualWait,
             },
             Kind::Attribute => Locker::Attribute,
+            Kind::AttributeWait => Locker::AttributeWait,
             Kind::HandWritten => Locker::HandWritten {
                 connection: redis::Client::open(url)
                     .unwrap()
@@ -111,6 +121,7 @@ impl Locker {
                 wait: *wait,
             },
             Locker::Attribute => Locker::Attribute,
+            Locker::AttributeWait => Locker::AttributeWait,
             Locker::HandWritten {
                 connection, script, ..
             } => Locker::HandWritten {
@@ -141,7 +152,9 @@ impl Locker {
                 }
                 Held::Ours(lock.acquire().await.expect("acquire"))
             }
-            Locker::Attribute => unreachable!("the attribute runs its body itself"),
+            Locker::Attribute | Locker::AttributeWait => {
+                unreachable!("the attribute runs its body itself")
+            }
             Locker::HandWritten {
                 connection,
                 key,
@@ -203,6 +216,12 @@ impl Locker {
 /// The attribute's lock + unlock with an empty body (W1, W2).
 #[distributed_lock(key = "<key>", ttl = "10s")]
 pub(crate) async fn attribute_pair(key: &str) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// The same, as a handler takes it: waiting up to 2 s (W1, W2).
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "2s")]
+pub(crate) async fn attribute_wait_pair(key: &str) -> Result<(), LockError> {
     Ok(())
 }
 

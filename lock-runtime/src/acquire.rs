@@ -125,15 +125,22 @@ impl Acquisition<'_> {
     /// mode, and right after this client handed the lock to a waiter (so a
     /// holder that releases and asks again at once does not snatch the lock
     /// back from the waiter it just woke).
-    fn respects_queue(&self) -> bool {
+    pub(crate) fn respects_queue(&self) -> bool {
         self.lock.settings().fair || self.client.just_handed_over(&self.keys.lock)
     }
 
-    pub(crate) async fn waiting(&self, wait: Duration) -> Result<LockGuard, LockError> {
+    /// Waits for the lock (from `started`, for `wait`), in the queue of
+    /// waiters that releases wake. `respect`: this waiter lets queued
+    /// waiters go first ([`respects_queue`](Self::respects_queue)).
+    pub(crate) async fn waiting(
+        &self,
+        wait: Duration,
+        started: Instant,
+        respect: bool,
+    ) -> Result<LockGuard, LockError> {
         let token = new_token()?;
         let mut unknown = Unknown::new(self, &token);
         let fair = self.lock.settings().fair;
-        let started = Instant::now();
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
@@ -146,7 +153,7 @@ impl Acquisition<'_> {
             left: false,
         };
         let mut subscription = notifier.join_ready(&token);
-        let mut respect = self.respects_queue();
+        let mut respect = respect;
         let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
             let notified = subscription

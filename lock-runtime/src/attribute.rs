@@ -1,11 +1,30 @@
-//! What `#[distributed_lock]` expands to calls: one function, and the trait
-//! that turns "not acquired" into the annotated function's return type.
-//! Not a public API; only the macro's expansion uses it.
+//! What `#[distributed_lock]` expands to calls: `run`, the trait that turns
+//! "not acquired" into the annotated function's return type, and
+//! `lock_client` for `client = <expr>`. Not a public API; only the macro's
+//! expansion uses it.
 
 use std::future::Future;
 
+use crate::client::Client;
 use crate::error::LockError;
 use crate::lock::Lock;
+
+/// The client named by `client = <expr>`: the expansion passes `&(expr)`, so
+/// the expression's owner is only borrowed (the body can still use `app` after
+/// `client = app.locks`). Takes a `Client`, `&Client`, `Arc<Client>`,
+/// `Box<Client>`, or anything else that is `AsRef<Client>`; the clone shares
+/// the connection.
+pub fn lock_client<C: AsRef<Client> + ?Sized>(client: &C) -> Client {
+    client.as_ref().clone()
+}
+
+/// Lets `lock_client` take a `Client` itself, and `&Client` through the
+/// blanket impl for references.
+impl AsRef<Client> for Client {
+    fn as_ref(&self) -> &Client {
+        self
+    }
+}
 
 /// How a return type says "the lock was not acquired, the body did not run"
 /// (or, for a renewed lock, "the lock was lost, the body was stopped").

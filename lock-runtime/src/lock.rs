@@ -1,10 +1,11 @@
 //! The lock builder: what a lock is, and its public ways to be taken.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::acquire::Acquisition;
 use crate::client::{global_client, Client};
+use crate::connection::retryable;
 use crate::error::LockError;
 use crate::guard::{LockGuard, OnLost};
 use crate::keys::LockKeys;
@@ -177,12 +178,24 @@ impl Lock {
             // common one's future.
             return Box::pin(acquisition.reentered(scope, entry)).await;
         }
-        match self.wait {
-            None => acquisition.once().await,
-            // Boxed: the waiting state machine is large, and an uncontended
-            // acquire should not carry it.
-            Some(wait) => Box::pin(acquisition.waiting(wait)).await,
+        let Some(wait) = self.wait else {
+            return acquisition.once().await;
+        };
+        let started = Instant::now();
+        let respect = acquisition.respects_queue();
+        if !respect && !self.fencing {
+            // A free lock costs a waiting acquire what it costs a try: one
+            // plain `SET NX PX`. Only a busy lock (or a failed connection)
+            // goes on to the queue.
+            match acquisition.once().await {
+                Err(LockError::Busy { .. }) => {}
+                Err(LockError::Redis { source, .. }) if retryable(&source) => {}
+                result => return result,
+            }
         }
+        // Boxed: the waiting state machine is large, and an uncontended
+        // acquire should not carry it.
+        Box::pin(acquisition.waiting(wait, started, respect)).await
     }
 
     /// Takes the lock if it is free, in one round trip; never waits.
