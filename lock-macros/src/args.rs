@@ -1,4 +1,5 @@
-//! Parsing the attribute's arguments: `key = "...", ttl = "...", wait = "..."`.
+//! Parsing the attribute's arguments: `key = "...", ttl = "...", wait = "..."`,
+//! `client = <expr>`, `crate = "path"`.
 
 use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
@@ -7,8 +8,8 @@ use syn::LitStr;
 
 use crate::duration::{check_at_most_a_year, check_renewed_ttl, parse_duration};
 
-const ARGUMENTS: &str =
-    "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, `fencing` or `hold_at_least`";
+const ARGUMENTS: &str = "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, \
+                         `fencing`, `hold_at_least`, `client` or `crate`";
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
@@ -22,6 +23,11 @@ pub(crate) struct LockArgs {
     pub(crate) fair: bool,
     pub(crate) fencing: bool,
     pub(crate) hold_at_least_ms: Option<u64>,
+    /// `client = <expr>`: the lock client, evaluated in the function's scope.
+    pub(crate) client: Option<syn::Expr>,
+    /// `crate = "path"`: where `lock_runtime` is reachable; `::lock_runtime`
+    /// when not given.
+    pub(crate) krate: Option<syn::Path>,
 }
 
 #[derive(Default)]
@@ -36,6 +42,8 @@ pub(crate) struct ArgsParser {
     fair: Option<Span>,
     fencing: Option<Span>,
     hold_at_least_ms: Option<u64>,
+    client: Option<syn::Expr>,
+    krate: Option<syn::Path>,
 }
 
 impl ArgsParser {
@@ -97,6 +105,15 @@ impl ArgsParser {
                     &mut self.max_hold_ms,
                     (millis, literal.span()),
                 )
+            }
+            "client" => {
+                let expr = client_value(&meta)?;
+                set_once(&meta, &name, &mut self.client, expr)
+            }
+            "crate" => {
+                let literal = string_value(&meta, &name, "\"my_service::locks\"")?;
+                let path = crate_path(&literal)?;
+                set_once(&meta, &name, &mut self.krate, path)
             }
             "on_lost" => {
                 let literal = string_value(&meta, &name, "\"continue\"")?;
@@ -162,6 +179,8 @@ impl ArgsParser {
             fair: self.fair.is_some(),
             fencing: self.fencing.is_some(),
             hold_at_least_ms: self.hold_at_least_ms,
+            client: self.client,
+            krate: self.krate,
         })
     }
 }
@@ -193,6 +212,51 @@ fn string_value(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Resul
             format!("`{name}` takes a string literal: write `{name} = {example}`"),
         )),
     }
+}
+
+/// `client = <expr>`: any expression but a string literal (a URL there would
+/// suggest the attribute connects; it only names a client built elsewhere).
+fn client_value(meta: &ParseNestedMeta) -> syn::Result<syn::Expr> {
+    const EXAMPLE: &str = "`client = app.locks` or `client = &state.client`";
+    let value = meta.value().map_err(|_| {
+        meta.error(format!(
+            "`client` needs a value: write an expression for the `lock_runtime::Client` to use, \
+             e.g. {EXAMPLE}"
+        ))
+    })?;
+    let expr: syn::Expr = value.parse()?;
+    if let syn::Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Str(literal),
+        ..
+    }) = &expr
+    {
+        return Err(syn::Error::new(
+            literal.span(),
+            format!(
+                "`client` takes an expression, not a string: write an expression for the \
+                 `lock_runtime::Client` to use (a `Client`, `&Client` or `Arc<Client>`, e.g. \
+                 {EXAMPLE}); to lock on another Redis, build a `Client::new(Config::new(url))` \
+                 and name it here"
+            ),
+        ));
+    }
+    Ok(expr)
+}
+
+/// `crate = "my_service::locks"`: a module path, no generics, nothing after.
+fn crate_path(literal: &LitStr) -> syn::Result<syn::Path> {
+    literal
+        .parse_with(syn::Path::parse_mod_style)
+        .map_err(|_| {
+            syn::Error::new(
+                literal.span(),
+                format!(
+                    "invalid `crate` path \"{}\": write the path `lock_runtime` is reachable at, \
+                     e.g. `crate = \"my_service::locks\"` or `crate = \"::lock_runtime\"`",
+                    literal.value()
+                ),
+            )
+        })
 }
 
 fn set_once<T>(
@@ -274,6 +338,73 @@ mod tests {
             error(quote!(key = "job", hold_at_least = "600000m")),
             "`hold_at_least` of 600000m is over the limit of one year (8760h); write \
              `hold_at_least = \"8760h\"` or less"
+        );
+    }
+
+    #[test]
+    fn client_takes_an_expression() {
+        for expr in [
+            quote!(app.locks),
+            quote!(self.locks),
+            quote!(&state.client),
+            quote!(locks.clone()),
+            quote!(LOCKS.get().unwrap()),
+            quote!(clients[0]),
+        ] {
+            let args = parse(quote!(key = "job", client = #expr, ttl = "1s")).unwrap();
+            let client = args.client.expect("the client is kept");
+            assert_eq!(quote!(#client).to_string(), expr.to_string());
+            assert_eq!(args.ttl_ms, Some(1_000));
+        }
+        assert!(parse(quote!(key = "job")).unwrap().client.is_none());
+
+        assert_eq!(
+            error(quote!(key = "job", client = "redis://127.0.0.1/")),
+            "`client` takes an expression, not a string: write an expression for the \
+             `lock_runtime::Client` to use (a `Client`, `&Client` or `Arc<Client>`, e.g. \
+             `client = app.locks` or `client = &state.client`); to lock on another Redis, build \
+             a `Client::new(Config::new(url))` and name it here"
+        );
+        assert_eq!(
+            error(quote!(key = "job", client)),
+            "`client` needs a value: write an expression for the `lock_runtime::Client` to \
+             use, e.g. `client = app.locks` or `client = &state.client`"
+        );
+        assert_eq!(
+            error(quote!(key = "job", client = a.locks, client = b.locks)),
+            "`client` is given twice: keep one"
+        );
+    }
+
+    #[test]
+    fn crate_takes_a_module_path() {
+        for path in [
+            "my_service::locks",
+            "crate::locks",
+            "::lock_runtime",
+            "lock_runtime",
+            "self::r#async::locks",
+            " spaced :: path ",
+        ] {
+            let args = parse(quote!(key = "job", crate = #path)).unwrap();
+            let parsed = args.krate.expect("the path is kept");
+            let expected: syn::Path = syn::parse_str(path).unwrap();
+            assert_eq!(quote!(#parsed).to_string(), quote!(#expected).to_string());
+        }
+        for path in ["", "my service", "locks::", "a::<T>", "a<T>", "\"x\"", "a::b;"] {
+            assert_eq!(
+                error(quote!(key = "job", crate = #path)),
+                format!(
+                    "invalid `crate` path \"{path}\": write the path `lock_runtime` is \
+                     reachable at, e.g. `crate = \"my_service::locks\"` or `crate = \
+                     \"::lock_runtime\"`"
+                ),
+                "for {path:?}"
+            );
+        }
+        assert_eq!(
+            error(quote!(key = "job", crate = my_service::locks)),
+            "`crate` takes a string literal: write `crate = \"my_service::locks\"`"
         );
     }
 

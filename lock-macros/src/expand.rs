@@ -1,6 +1,6 @@
 //! Turning the annotated function into one call of the runtime.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::parse::Parser;
 use syn::spanned::Spanned;
@@ -58,16 +58,35 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     let key = parse_key(&args.key, sig)?;
 
     let span = args.key.span();
+    let krate = krate_at(&args, span);
     let format = &key.format;
     let key_args = &key.args;
     let mut lock = if key_args.is_empty() {
         let literal = &args.key;
-        quote_spanned!(span=> ::lock_runtime::Lock::new(#literal))
+        quote_spanned!(span=> #krate::Lock::new(#literal))
     } else {
         quote_spanned!(span=>
-            ::lock_runtime::Lock::new(::std::format!(#format #(, #key_args)*))
+            #krate::Lock::new(::std::format!(#format #(, #key_args)*))
         )
     };
+    if let Some(client) = &args.client {
+        // Borrowed, then cloned: the expression's owner (`app` in
+        // `app.locks`) stays usable in the body. A type that is not a client
+        // is an error at the expression.
+        // `&` at the expression's first token, the parentheses at its last:
+        // an error about the argument then underlines the whole expression.
+        let tokens: Vec<_> = quote!(#client).into_iter().collect();
+        let first = tokens.first().map_or_else(Span::call_site, |token| token.span());
+        let last = tokens.last().map_or(first, |token| token.span());
+        let mut parenthesized =
+            proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#client));
+        parenthesized.set_span(last);
+        let krate = krate_at(&args, first);
+        let client = quote_spanned!(first=>
+            #krate::__private::lock_client(&#parenthesized)
+        );
+        lock = quote!(#lock.client(#client));
+    }
     if let Some(ttl) = args.ttl_ms {
         lock = quote!(#lock.ttl(::core::time::Duration::from_millis(#ttl)));
     }
@@ -81,7 +100,8 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         lock = quote!(#lock.max_hold(::core::time::Duration::from_millis(#max_hold)));
     }
     if args.continue_on_lost {
-        lock = quote!(#lock.on_lost(::lock_runtime::OnLost::Continue));
+        let krate = krate_at(&args, Span::call_site());
+        lock = quote!(#lock.on_lost(#krate::OnLost::Continue));
     }
     if args.fair {
         lock = quote!(#lock.fair());
@@ -97,10 +117,17 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     // error at the return type, naming it as written.
     let run = match &sig.output {
         syn::ReturnType::Type(_, ty) if !mentions_impl_trait(ty) => {
-            quote_spanned!(ty.span()=> ::lock_runtime::__private::run::<#ty>)
+            let krate = krate_at(&args, ty.span());
+            quote_spanned!(ty.span()=> #krate::__private::run::<#ty>)
         }
-        syn::ReturnType::Type(_, ty) => quote_spanned!(ty.span()=> ::lock_runtime::__private::run),
-        syn::ReturnType::Default => quote!(::lock_runtime::__private::run::<()>),
+        syn::ReturnType::Type(_, ty) => {
+            let krate = krate_at(&args, ty.span());
+            quote_spanned!(ty.span()=> #krate::__private::run)
+        }
+        syn::ReturnType::Default => {
+            let krate = krate_at(&args, Span::call_site());
+            quote!(#krate::__private::run::<()>)
+        }
     };
     // syn puts the body's inner attributes (`#![allow(..)]`) with the outer
     // ones; they go back inside the body.
@@ -119,6 +146,22 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
             .await
         }
     })
+}
+
+/// The path of `lock_runtime` (`crate = "path"`, else `::lock_runtime`), its
+/// tokens spanned at `span` so that an error in what follows points where the
+/// rest of the path does.
+fn krate_at(args: &LockArgs, span: Span) -> TokenStream {
+    match &args.krate {
+        Some(path) => quote!(#path)
+            .into_iter()
+            .map(|mut token| {
+                token.set_span(span);
+                token
+            })
+            .collect(),
+        None => quote_spanned!(span=> ::lock_runtime),
+    }
 }
 
 /// `impl Trait` cannot be named in a turbofish.
@@ -184,6 +227,83 @@ mod tests {
             },
         );
         insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn axum_handler_with_destructured_extractors_and_client() {
+        let expanded = super::expand(
+            quote!(
+                key = "order:<id>:<req.currency>",
+                ttl = "10s",
+                wait = "2s",
+                client = app.locks
+            ),
+            quote! {
+                async fn settle(
+                    State(app): State<App>,
+                    Path(id): Path<u64>,
+                    Json(req): Json<SettleRequest>,
+                ) -> Result<Json<Receipt>, ApiError> {
+                    let receipt = app.payments.settle(id, req).await?;
+                    Ok(Json(receipt))
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn crate_path_and_client_method() {
+        let expanded = super::expand(
+            quote!(
+                key = "shard:<self.shard>",
+                renew,
+                on_lost = "continue",
+                client = self.locks,
+                crate = "my_service::locks"
+            ),
+            quote! {
+                async fn rebalance(&self) {
+                    self.move_keys().await;
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    /// With `crate = "..."`, nothing in the expansion names `lock_runtime`.
+    #[test]
+    fn crate_path_replaces_every_lock_runtime_path() {
+        for output in [quote!(), quote!(-> Option<u8>), quote!(-> Option<impl Sized>)] {
+            let expanded = super::expand(
+                quote!(
+                    key = "job:<n>",
+                    renew,
+                    on_lost = "continue",
+                    client = locks,
+                    crate = "crate::locks"
+                ),
+                quote!(
+                    async fn job(n: u8, locks: &Client) #output { todo!() }
+                ),
+            )
+            .to_string();
+            assert!(!expanded.contains("compile_error"), "{expanded}");
+            assert!(!expanded.contains("lock_runtime"), "{expanded}");
+            assert!(
+                expanded.contains("crate :: locks :: __private :: run"),
+                "{expanded}"
+            );
+            assert!(
+                expanded.contains("crate :: locks :: __private :: lock_client"),
+                "{expanded}"
+            );
+            assert!(
+                expanded.contains("crate :: locks :: OnLost :: Continue"),
+                "{expanded}"
+            );
+            assert!(expanded.contains("crate :: locks :: Lock :: new"), "{expanded}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The key template: literal text with `<name>` placeholders, each naming a
-//! parameter of the function or a field path under one (`<order.id>`,
+//! parameter of the function (or a name a parameter pattern binds: `id` in
+//! `Path(id): Path<u64>`) or a field path under one (`<order.id>`,
 //! `<self.shard>`), rendered with `Display`.
 
 use proc_macro2::TokenStream;
@@ -15,19 +16,51 @@ pub(crate) struct KeyTemplate {
 }
 
 /// The names a placeholder may start with: `self` for methods, then every
-/// parameter bound to a plain identifier.
+/// name a parameter binds, in order: a plain parameter's name and each name
+/// bound inside a destructuring pattern (`Path(id)`, `(a, b)`,
+/// `Order { id, .. }`, `Order { id: order_id, .. }`, `x @ ..`, `&(a, b)`).
 fn parameter_names(signature: &Signature) -> Vec<String> {
-    signature
-        .inputs
-        .iter()
-        .filter_map(|input| match input {
-            FnArg::Receiver(_) => Some("self".to_owned()),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(ident) => Some(ident.ident.to_string()),
-                _ => None,
-            },
-        })
-        .collect()
+    let mut names = Vec::new();
+    for input in &signature.inputs {
+        match input {
+            FnArg::Receiver(_) => names.push("self".to_owned()),
+            FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
+        }
+    }
+    names
+}
+
+/// Pushes the names `pattern` binds. `_`, `..`, literals, ranges, paths and
+/// constants bind nothing; a macro in pattern position cannot be seen into.
+fn bound_names(pattern: &Pat, names: &mut Vec<String>) {
+    match pattern {
+        Pat::Ident(ident) => {
+            let name = ident.ident.to_string();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+            if let Some((_, subpattern)) = &ident.subpat {
+                bound_names(subpattern, names);
+            }
+        }
+        Pat::Reference(reference) => bound_names(&reference.pat, names),
+        Pat::Paren(paren) => bound_names(&paren.pat, names),
+        Pat::Type(typed) => bound_names(&typed.pat, names),
+        Pat::Tuple(tuple) => tuple.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::TupleStruct(tuple) => tuple.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Slice(slice) => slice.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Struct(structure) => structure
+            .fields
+            .iter()
+            .for_each(|field| bound_names(&field.pat, names)),
+        // Every alternative binds the same names.
+        Pat::Or(or) => {
+            if let Some(first) = or.cases.first() {
+                bound_names(first, names);
+            }
+        }
+        _ => {}
+    }
 }
 
 pub(crate) fn parse_key(literal: &LitStr, signature: &Signature) -> syn::Result<KeyTemplate> {
@@ -84,8 +117,8 @@ fn push_literal(format: &mut String, text: &str) {
 /// The end of an error message: what the placeholder may name.
 fn listing(parameters: &[String]) -> String {
     if parameters.is_empty() {
-        "this function has no parameter a key can use (destructured parameters cannot be \
-         used: bind the parameter to a name)"
+        "this function has no parameter a key can use: write the key without placeholders, or \
+         add the parameter"
             .to_owned()
     } else {
         let names: Vec<String> = parameters.iter().map(|name| format!("`{name}`")).collect();
@@ -152,8 +185,8 @@ mod tests {
     use super::parse_key;
 
     /// Every parameter form a key can name: a receiver, plain names, a
-    /// struct, a tuple, a raw identifier, and a destructured parameter
-    /// (which a key cannot name).
+    /// struct, a tuple, a raw identifier, a destructured parameter, and a
+    /// parameter that binds nothing.
     fn signature() -> Signature {
         syn::parse_quote! {
             async fn settle(
@@ -162,9 +195,15 @@ mod tests {
                 order: &Order,
                 pair: (u8, (u16, u32)),
                 r#type: u8,
-                (left, right): (u8, u8),
+                (left, _): (u8, u8),
+                _: u32,
             )
         }
+    }
+
+    /// The names a pattern binds, in order.
+    fn names(signature: Signature) -> Vec<String> {
+        super::parameter_names(&signature)
     }
 
     /// The format string and the placeholder expressions, without spaces.
@@ -196,6 +235,7 @@ mod tests {
             ("shard:<self.shard>", "shard:{}", &["self.shard"]),
             ("<pair.0>-<pair.1.1>", "{}-{}", &["pair.0", "pair.1.1"]),
             ("kind:<r#type>", "kind:{}", &["r#type"]),
+            ("<left>", "{}", &["left"]),
             (
                 "< order_id >:<order . id>",
                 "{}:{}",
@@ -241,12 +281,17 @@ mod tests {
             (
                 "a< >",
                 "empty placeholder `<>` in key \"a< >\": write a parameter name inside; use one \
-                 of: `self`, `order_id`, `order`, `pair`, `r#type`",
+                 of: `self`, `order_id`, `order`, `pair`, `r#type`, `left`",
             ),
             (
-                "<left>",
-                "unknown placeholder `<left>` in key \"<left>\": `left` is not a parameter; use \
-                 one of: `self`, `order_id`, `order`, `pair`, `r#type`",
+                "<right>",
+                "unknown placeholder `<right>` in key \"<right>\": `right` is not a parameter; \
+                 use one of: `self`, `order_id`, `order`, `pair`, `r#type`, `left`",
+            ),
+            (
+                "<_>",
+                "unknown placeholder `<_>` in key \"<_>\": `_` is not a parameter; use one of: \
+                 `self`, `order_id`, `order`, `pair`, `r#type`, `left`",
             ),
             (
                 "<order.type>",
@@ -263,6 +308,85 @@ mod tests {
         for (text, message) in cases {
             assert_eq!(error(text), message, "for {text:?}");
         }
+    }
+
+    #[test]
+    fn every_pattern_binds_its_names() {
+        let bound = names(syn::parse_quote! {
+            async fn handler(
+                State(app): State<App>,
+                Path(id): Path<u64>,
+                (a, (b, _)): (u8, (u8, u8)),
+                Order { id: order_id, customer: Customer { name, .. }, .. }: Order,
+                Shipment { ref carrier, mut weight, .. }: Shipment,
+                Json(ref mut req): Json<Request>,
+                whole @ Wrapper(inner): Wrapper,
+                &(x, y): &(u8, u8),
+                &mut Counter(count): &mut Counter,
+                [first, .., last]: [u8; 4],
+                (Left(either) | Right(either)): Either,
+                mut plain: u8,
+                _: u8,
+                (..): (u8, u8),
+                Marker { .. }: Marker,
+            )
+        });
+        let expected = [
+            "app", "id", "a", "b", "order_id", "name", "carrier", "weight", "req", "whole",
+            "inner", "x", "y", "count", "first", "last", "either", "plain",
+        ];
+        assert_eq!(bound, expected);
+
+        let method = names(syn::parse_quote! {
+            async fn handle(&mut self, Path((shard, r#ref)): Path<(u8, u8)>)
+        });
+        assert_eq!(method, ["self", "shard", "r#ref"]);
+
+        let none = names(syn::parse_quote! {
+            async fn nothing(_: u8, (_, _): (u8, u8), Unit { .. }: Unit)
+        });
+        assert!(none.is_empty(), "{none:?}");
+    }
+
+    #[test]
+    fn destructured_names_take_field_paths() {
+        let signature: Signature = syn::parse_quote! {
+            async fn settle(State(app): State<App>, Json(req): Json<Request>)
+        };
+        let template = parse_key(
+            &LitStr::new("order:<req.order_id>:<app.region.0>", Span::call_site()),
+            &signature,
+        )
+        .unwrap();
+        assert_eq!(template.format, "order:{}:{}");
+        let args: Vec<String> = template
+            .args
+            .iter()
+            .map(|arg| arg.to_string().replace(' ', ""))
+            .collect();
+        assert_eq!(args, ["req.order_id", "app.region.0"]);
+
+        let error = parse_key(&LitStr::new("order:<id>", Span::call_site()), &signature)
+            .err()
+            .expect("`id` is not bound")
+            .to_string();
+        assert_eq!(
+            error,
+            "unknown placeholder `<id>` in key \"order:<id>\": `id` is not a parameter; use one \
+             of: `app`, `req`"
+        );
+
+        let nothing: Signature = syn::parse_quote!(async fn tick(_: u8));
+        let error = parse_key(&LitStr::new("tick:<n>", Span::call_site()), &nothing)
+            .err()
+            .expect("nothing is bound")
+            .to_string();
+        assert_eq!(
+            error,
+            "unknown placeholder `<n>` in key \"tick:<n>\": `n` is not a parameter; this \
+             function has no parameter a key can use: write the key without placeholders, or add \
+             the parameter"
+        );
     }
 
     mod properties {

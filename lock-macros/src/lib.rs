@@ -20,8 +20,10 @@ use proc_macro::TokenStream;
 /// async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> { ... }
 /// ```
 ///
-/// - `key` (required): the lock's name; `<param>` and `<param.field>` are
-///   replaced by the `Display` of the function's parameters.
+/// - `key` (required): the lock's name; `<name>` and `<name.field>` are
+///   replaced by the `Display` of a parameter, or of a name a parameter's
+///   pattern binds (`id` in `Path(id): Path<u64>`, `a` in `(a, b): (u8, u8)`,
+///   `order_id` in `Order { id: order_id, .. }: Order`).
 /// - `ttl` (default 30 s, at most a year, `"8760h"`): how long the lock lives
 ///   if never released; with `renew`, at least `"10ms"`.
 /// - `wait` (default: none): how long to wait for a busy lock; without it a
@@ -35,6 +37,34 @@ use proc_macro::TokenStream;
 ///   `current().unwrap().fencing_token()` in the body.
 /// - `hold_at_least` (default: none, at most a year): keep the lock at least
 ///   this long after acquiring it, even if the body ends sooner.
+/// - `client = <expr>` (default: the process-wide client): an expression, not
+///   a string, for the `lock_runtime::Client` to use: a `Client`, `&Client`,
+///   `Arc<Client>` (anything `AsRef<Client>`). Evaluated in the function's
+///   scope before the body, borrowed and cloned: the body can still use what
+///   it names (`client = app.locks`, `client = self.locks`,
+///   `client = &state.client`).
+/// - `crate = "path"` (default `"::lock_runtime"`): where `lock_runtime` is
+///   reachable, for a crate that re-exports it (`crate = "my_service::locks"`).
+///
+/// An axum-style handler, its extractors destructured, locking with the
+/// application's client:
+///
+/// ```ignore
+/// #[distributed_lock(key = "order:<id>", wait = "2s", client = app.locks)]
+/// async fn settle(
+///     State(app): State<App>,
+///     Path(id): Path<u64>,
+/// ) -> Result<Json<Receipt>, ApiError> {
+///     Ok(Json(app.payments.settle(id).await?))
+/// }
+/// ```
+///
+/// Through a re-export (`pub use lock_runtime as locks;` in `my_service`):
+///
+/// ```ignore
+/// #[my_service::locks::distributed_lock(key = "report:<day>", crate = "my_service::locks")]
+/// async fn build_report(day: u32) { ... }
+/// ```
 ///
 /// When the lock is not acquired, the body does not run and the function
 /// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for
