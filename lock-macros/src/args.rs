@@ -245,18 +245,16 @@ fn client_value(meta: &ParseNestedMeta) -> syn::Result<syn::Expr> {
 
 /// `crate = "my_service::locks"`: a module path, no generics, nothing after.
 fn crate_path(literal: &LitStr) -> syn::Result<syn::Path> {
-    literal
-        .parse_with(syn::Path::parse_mod_style)
-        .map_err(|_| {
-            syn::Error::new(
-                literal.span(),
-                format!(
-                    "invalid `crate` path \"{}\": write the path `lock_runtime` is reachable at, \
-                     e.g. `crate = \"my_service::locks\"` or `crate = \"::lock_runtime\"`",
-                    literal.value()
-                ),
-            )
-        })
+    literal.parse_with(syn::Path::parse_mod_style).map_err(|_| {
+        syn::Error::new(
+            literal.span(),
+            format!(
+                "invalid `crate` path \"{}\": write the path `lock_runtime` is reachable at, \
+                 e.g. `crate = \"my_service::locks\"` or `crate = \"::lock_runtime\"`",
+                literal.value()
+            ),
+        )
+    })
 }
 
 fn set_once<T>(
@@ -391,7 +389,15 @@ mod tests {
             let expected: syn::Path = syn::parse_str(path).unwrap();
             assert_eq!(quote!(#parsed).to_string(), quote!(#expected).to_string());
         }
-        for path in ["", "my service", "locks::", "a::<T>", "a<T>", "\"x\"", "a::b;"] {
+        for path in [
+            "",
+            "my service",
+            "locks::",
+            "a::<T>",
+            "a<T>",
+            "\"x\"",
+            "a::b;",
+        ] {
             assert_eq!(
                 error(quote!(key = "job", crate = #path)),
                 format!(

@@ -76,7 +76,9 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         // `&` at the expression's first token, the parentheses at its last:
         // an error about the argument then underlines the whole expression.
         let tokens: Vec<_> = quote!(#client).into_iter().collect();
-        let first = tokens.first().map_or_else(Span::call_site, |token| token.span());
+        let first = tokens
+            .first()
+            .map_or_else(Span::call_site, |token| token.span());
         let last = tokens.last().map_or(first, |token| token.span());
         let mut parenthesized =
             proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#client));
@@ -274,7 +276,11 @@ mod tests {
     /// With `crate = "..."`, nothing in the expansion names `lock_runtime`.
     #[test]
     fn crate_path_replaces_every_lock_runtime_path() {
-        for output in [quote!(), quote!(-> Option<u8>), quote!(-> Option<impl Sized>)] {
+        for output in [
+            quote!(),
+            quote!(-> Option<u8>),
+            quote!(-> Option<impl Sized>),
+        ] {
             let expanded = super::expand(
                 quote!(
                     key = "job:<n>",
@@ -302,7 +308,10 @@ mod tests {
                 expanded.contains("crate :: locks :: OnLost :: Continue"),
                 "{expanded}"
             );
-            assert!(expanded.contains("crate :: locks :: Lock :: new"), "{expanded}");
+            assert!(
+                expanded.contains("crate :: locks :: Lock :: new"),
+                "{expanded}"
+            );
         }
     }
 
