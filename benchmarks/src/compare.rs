@@ -149,8 +149,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         for kind in W3_KINDS.into_iter().filter(picked) {
             // The same sections by one contender: Redis's work without
             // contention, to see what contention adds (polling would show).
-            let alone = runtime.block_on(w3(&server, kind, sections / 4, 1));
-            let result = runtime.block_on(w3(&server, kind, sections, CONTENDERS));
+            let alone = runtime.block_on(w3(&server, kind, sections / 4, 1, false));
+            let result = runtime.block_on(w3(&server, kind, sections, CONTENDERS, false));
             let bound = |rtt: Duration| 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
             report.push_str(&format!(
                 "| {} | {:.0} | {:.2} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {:.1} | {} |\n",
@@ -180,6 +180,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         ms(idle_rtt)
     ));
     }
+    if runs("w5") {
+        report.push_str(&w5(&runtime, &server, (2_000.0 * scale) as usize, &picked));
+    }
     if let Some(w4) = w4 {
         report.push_str(&w4);
     }
@@ -188,6 +191,55 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         write_docs(&report, &svg(&plot));
     }
     ExitCode::SUCCESS
+}
+
+/// W5: the W3 sections by 8 tasks of one process on one client.
+fn w5(
+    runtime: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    sections: usize,
+    picked: &impl Fn(&Kind) -> bool,
+) -> String {
+    let mut report = format!(
+        "\n### W5: one process, {CONTENDERS} tasks on one client (one connection), {sections} sections of ~1 ms on one key\n\n"
+    );
+    report.push_str("| implementation | sections/s | × best polling | lock idle per hand-off p50 / p99 | wait p50 / p99 / max | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    let results: Vec<(Kind, Contention)> = W3_KINDS
+        .into_iter()
+        .filter(picked)
+        .map(|kind| {
+            let result = runtime.block_on(w3(server, kind, sections, CONTENDERS, true));
+            (kind, result)
+        })
+        .collect();
+    let polling = |kind: Kind| matches!(kind, Kind::HandWritten | Kind::Rslock | Kind::RslockFast);
+    let best_polling = results
+        .iter()
+        .filter(|(kind, _)| polling(*kind))
+        .map(|(_, result)| result.rate)
+        .fold(f64::NAN, f64::max);
+    for (kind, result) in &results {
+        report.push_str(&format!(
+            "| {} | {:.0} | {:.2} | {} / {} ms | {} / {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
+            kind.label(),
+            result.rate,
+            result.rate / best_polling,
+            ms(result.handoff[0]),
+            ms(result.handoff[1]),
+            ms(result.wait[0]),
+            ms(result.wait[1]),
+            ms(result.wait[2]),
+            result.busiest * 100.0,
+            result.redis_cpu.as_secs_f64() * 1e6,
+            if result.counter_ok {
+                "exact"
+            } else {
+                "LOST UPDATES"
+            },
+        ));
+    }
+    report.push_str("\nLock idle per hand-off: from the holder sending its release to the next task holding the lock. \"× best polling\": sections/s over the best of the polling implementations (hand-written floor, rslock) in this run.\n");
+    report
 }
 
 fn ms(duration: Duration) -> String {
@@ -491,8 +543,18 @@ async fn section(
 
 const CONTENDERS: usize = 8;
 
-async fn w3(server: &RedisServer, kind: Kind, sections: usize, contenders: usize) -> Contention {
-    let key = format!("w3:{kind:?}:{contenders}");
+/// W3 (`shared` false: each contender its own client or connection) and W5
+/// (`shared`: every contender on one client, as the tasks of one process
+/// handling requests for one hot key).
+async fn w3(
+    server: &RedisServer,
+    kind: Kind,
+    sections: usize,
+    contenders: usize,
+    shared: bool,
+) -> Contention {
+    let key = format!("w3:{kind:?}:{contenders}:{shared}");
+    let one = Locker::new(kind, &server.url(), &key, true).await;
     let counter_key = format!("{key}:counter");
     let claimed = Arc::new(AtomicUsize::new(0));
     let samples = Arc::new(Mutex::new(Samples::default()));
@@ -500,7 +562,11 @@ async fn w3(server: &RedisServer, kind: Kind, sections: usize, contenders: usize
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..contenders {
-        let mut locker = Locker::new(kind, &server.url(), &key, true).await;
+        let mut locker = if shared {
+            one.for_key(&key)
+        } else {
+            Locker::new(kind, &server.url(), &key, true).await
+        };
         let mut counter = redis::Client::open(server.url())
             .unwrap()
             .get_multiplexed_async_connection()
