@@ -1,7 +1,11 @@
 //! Child processes driven line by line: the "service instances" of the
-//! multi-process tests and the lottery demo.
+//! multi-process tests and the lottery demo. A child is killed when its
+//! `Process` is dropped, and by the kernel (PR_SET_PDEATHSIG) when the thread
+//! that started it dies, so a test killed without unwinding leaves no
+//! instance behind: start children from a thread that outlives them.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -21,6 +25,15 @@ impl Process {
     pub fn spawn(program: impl AsRef<Path>, args: &[&str], redis_url: Option<&str>) -> Process {
         let program = program.as_ref();
         let mut command = Command::new(program);
+        // SAFETY: prctl is async-signal-safe and touches only this child.
+        // The child dies with the thread that started it, even if the test
+        // process is killed without unwinding.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         command
             .args(args)
             .stdin(Stdio::piped())
