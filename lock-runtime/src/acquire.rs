@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
+use crate::cohort::{wait_for_pass, Joined, Passed};
 use crate::connection::retryable;
 use crate::error::LockError;
-use crate::guard::{spawn_release, LockGuard, OnLost};
+use crate::guard::{pass_on, spawn_release, LockGuard, OnLost};
 use crate::hold::{Acquired, Hold};
 use crate::keys::LockKeys;
 use crate::lock::Lock;
@@ -23,7 +24,7 @@ const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 /// The longest a waiter sleeps without news when Redis gave no expiry.
 const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
 /// Fencing counters live at least this long after their last acquisition.
-const FENCE_RETENTION: Duration = Duration::from_secs(60);
+pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
 /// A waiter whose attempt failed on the connection tries again after this
 /// long (doubled up to the refresh interval), while its wait lasts.
 const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
@@ -36,6 +37,72 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) ttl_ms: u64,
     /// The innermost scope of the same lock up this task's call chain.
     pub(crate) held: Option<Arc<Scope>>,
+}
+
+/// Where a waiting acquire stands in its client's cohort.
+pub(crate) enum Cohort<'a> {
+    /// Another task of this client passed the lock to this one.
+    Passed(LockGuard),
+    /// This task goes to Redis for its client's cohort.
+    Representative(Representative<'a>),
+}
+
+/// The task that goes to Redis for its client's cohort: if it does not get
+/// the lock (an error, the wait over, cancelled), the cohort dissolves and
+/// its waiters go to Redis themselves.
+pub(crate) struct Representative<'a> {
+    acquisition: &'a Acquisition<'a>,
+    kept: bool,
+}
+
+impl Representative<'_> {
+    /// It holds the lock now: its guard carries the cohort on.
+    pub(crate) fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Representative<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            let acquisition = self.acquisition;
+            acquisition
+                .client
+                .cohorts()
+                .dissolve(&acquisition.keys.lock);
+        }
+    }
+}
+
+/// A task queued in its client's cohort. Dropped while queued (the wait
+/// over, cancelled), it leaves the queue; a lock passed to it meanwhile is
+/// passed on (or released).
+struct Queued<'a> {
+    acquisition: &'a Acquisition<'a>,
+    /// `u64::MAX` once it left.
+    id: u64,
+    receiver: tokio::sync::oneshot::Receiver<Passed>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if self.id == u64::MAX {
+            return;
+        }
+        let acquisition = self.acquisition;
+        acquisition
+            .client
+            .cohorts()
+            .leave(&acquisition.keys.lock, self.id);
+        if let Ok(Passed::Lock { token, sent_at, .. }) = self.receiver.try_recv() {
+            let hold = Hold::new(Acquired {
+                hold_at_least: None,
+                renewed: false,
+                ..acquisition.acquired(token, sent_at, None)
+            });
+            pass_on(hold);
+        }
+    }
 }
 
 /// Outcome of one attempt.
@@ -107,6 +174,59 @@ impl Acquisition<'_> {
             }); // the guard gives the permit back
         }
         Ok(guard)
+    }
+
+    /// Joins this client's cohort for the key (`cohort.rs`): queues in the
+    /// process while another task of this client holds the key or waits
+    /// for it in Redis, until that task passes the lock on (the guard) or
+    /// the cohort dissolves (then tries again, maybe as the representative),
+    /// within the wait.
+    pub(crate) async fn join_cohort(
+        &self,
+        started: Instant,
+        wait: Duration,
+    ) -> Result<Cohort<'_>, LockError> {
+        let cohorts = self.client.cohorts();
+        let key = &self.keys.lock;
+        let fencing = self.lock.settings().fencing;
+        loop {
+            let (receiver, id) = match cohorts.join(key, self.ttl_ms, fencing) {
+                Joined::Representative => {
+                    return Ok(Cohort::Representative(Representative {
+                        acquisition: self,
+                        kept: false,
+                    }))
+                }
+                Joined::Queued(receiver, id) => (receiver, id),
+            };
+            let mut queued = Queued {
+                acquisition: self,
+                id,
+                receiver,
+            };
+            let left = started.checked_add(wait).map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            match wait_for_pass(&mut queued.receiver, left).await {
+                Some(Passed::Lock {
+                    token,
+                    sent_at,
+                    fence,
+                }) => {
+                    queued.id = u64::MAX; // nothing to leave
+                    let mut guard = self.guard(token, sent_at, None, fence, false);
+                    guard.cohort = true;
+                    return Ok(Cohort::Passed(guard));
+                }
+                Some(Passed::Redis) => queued.id = u64::MAX,
+                None => {
+                    return Err(LockError::WaitTimeout {
+                        key: self.lock.name_str().to_owned(),
+                        waited: started.elapsed(),
+                    })
+                }
+            }
+        }
     }
 
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {

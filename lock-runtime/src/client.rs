@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use once_cell::sync::{Lazy, OnceCell};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::cohort::Cohorts;
 use crate::connection::Connection;
 use crate::error::LockError;
 use crate::notify::Notifier;
@@ -147,6 +148,8 @@ struct ClientInner {
     /// Keys this client released lately while a waiter queued: its next
     /// request for such a key lets that waiter go first.
     handed_over: Mutex<HashMap<String, Instant>>,
+    /// This client's tasks waiting in the process for a key it holds.
+    cohorts: Cohorts,
 }
 
 /// How long after handing a lock over to a waiter this client's own next
@@ -209,6 +212,7 @@ impl Client {
                 renewer,
                 notifier,
                 handed_over: Mutex::new(HashMap::new()),
+                cohorts: Cohorts::default(),
             }),
         })
     }
@@ -221,6 +225,10 @@ impl Client {
     /// Counters of this client's renewal driver.
     pub fn renewal_stats(&self) -> RenewalStats {
         self.inner.renewer.stats()
+    }
+
+    pub(crate) fn cohorts(&self) -> &Cohorts {
+        &self.inner.cohorts
     }
 
     pub(crate) fn notifier(&self) -> &Arc<Notifier> {

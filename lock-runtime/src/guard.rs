@@ -7,10 +7,15 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
+
+use crate::acquire::FENCE_RETENTION;
+use crate::cohort::{Passed, Waiter};
 use crate::error::{LockError, LostCause};
-use crate::hold::{drift_margin, Hold};
+use crate::hold::{drift_margin, Acquired, Hold};
 use crate::renewal::Registration;
-use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
+use crate::scripts::{evalsha, run, HANDOFF, RELEASE, RELEASE_KEEPING};
+use crate::token::new_token;
 use crate::watch::{watch, HeldLock, Scope};
 
 /// What to do with the body when a renewed lock is lost.
@@ -151,6 +156,142 @@ async fn linger(hold: &Hold, until: Instant) {
     }
 }
 
+/// The release of a holder in its client's cohort (`cohort.rs`): passes the
+/// lock to the next task of its client waiting for it, with one `HANDOFF`
+/// (the next holder's own token and ttl), or, when none may have it,
+/// dissolves the cohort and releases.
+fn pass_or_release(hold: Arc<Hold>) -> BoxFuture<'static, Result<(), LockError>> {
+    Box::pin(async move {
+        let client = hold.client.clone();
+        let cohorts = client.cohorts();
+        let key = &hold.keys.lock;
+        let waiter = if hold.keep_for().is_zero() {
+            cohorts.next(key)
+        } else {
+            cohorts.dissolve(key);
+            None
+        };
+        let Some(waiter) = waiter else {
+            return release(&hold, false).await;
+        };
+        let token = match new_token() {
+            Ok(token) => token,
+            Err(error) => {
+                let _ = waiter.send(Passed::Redis);
+                cohorts.dissolve(key);
+                release(&hold, false).await?;
+                return Err(error);
+            }
+        };
+        let ttl_ms = waiter.ttl_ms;
+        let sent_at = Instant::now();
+        let next = |linger| {
+            Hold::new(Acquired {
+                client: client.clone(),
+                keys: hold.keys.clone(),
+                token: token.clone(),
+                ttl: Duration::from_millis(ttl_ms),
+                renewed: false,
+                sent_at,
+                confirmed_at: Instant::now(),
+                fencing_token: None,
+                hold_at_least: None,
+                stop_on_loss: false,
+                linger,
+                expires_by: None,
+            })
+        };
+        match handoff(&hold, &token, &waiter).await {
+            Ok((fence, queued)) => {
+                cohorts.passed(key, queued);
+                let passed = Passed::Lock {
+                    token: token.clone(),
+                    sent_at,
+                    fence,
+                };
+                if waiter.send(passed).is_err() {
+                    // The waiter gave up meanwhile: the lock holds a token
+                    // nobody has; pass it on, or release it.
+                    pass_on(next(false));
+                }
+                Ok(())
+            }
+            Err(error) => {
+                let _ = waiter.send(Passed::Redis);
+                cohorts.dissolve(key);
+                if let LockError::Redis { .. } = error {
+                    // Unknown outcome: the key may hold the next token.
+                    spawn_release(next(true), true);
+                }
+                Err(error)
+            }
+        }
+    })
+}
+
+/// Passes on (or releases), in the background, a lock held with a token
+/// nobody has any more (its waiter gave up as it was passed).
+pub(crate) fn pass_on(hold: Arc<Hold>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(pass_or_release(hold));
+        }
+        Err(_) => {
+            hold.client.cohorts().dissolve(&hold.keys.lock);
+            spawn_release(hold, false); // logs that the ttl frees it
+        }
+    }
+}
+
+/// One `HANDOFF` round trip: the lock goes from `hold` to `next`, with the
+/// waiter's ttl and, when it asks, a fencing token. Returns the fencing
+/// token and whether waiters of other clients are queued in Redis.
+async fn handoff(
+    hold: &Hold,
+    next: &str,
+    waiter: &Waiter,
+) -> Result<(Option<u64>, bool), LockError> {
+    let retention_ms = if waiter.fencing {
+        (FENCE_RETENTION.as_millis() as u64).max(waiter.ttl_ms)
+    } else {
+        0
+    };
+    let mut cmd = evalsha(
+        &HANDOFF,
+        2,
+        6,
+        2 * hold.keys.lock.len() + hold.token.len() + next.len() + 48,
+    );
+    cmd.arg(&hold.keys.lock)
+        .arg(hold.keys.fence())
+        .arg(&hold.token)
+        .arg(next)
+        .arg(waiter.ttl_ms)
+        .arg(retention_ms);
+    let scripts = hold.client.scripts();
+    let reply: Vec<i64> = hold
+        .client
+        .call(hold.name(), "hand-off", |mut connection, _| {
+            let cmd = &cmd;
+            async move { run(&HANDOFF, cmd, &mut connection, scripts).await }
+        })
+        .await?;
+    let lost = |cause| LockError::Lost {
+        key: hold.name().to_owned(),
+        cause,
+    };
+    match reply.first() {
+        Some(1) => Ok((
+            waiter
+                .fencing
+                .then(|| reply.get(1).copied().unwrap_or(0) as u64),
+            reply.get(2) == Some(&1),
+        )),
+        Some(0) => Err(lost(LostCause::Expired)),
+        _ => Err(lost(LostCause::TakenOver)),
+    }
+}
+
 /// A held lock. Release it with [`release`](LockGuard::release); a guard that
 /// is dropped without it (early return, `?`, panic, cancelled future)
 /// releases in a background task on the current Tokio runtime. Renewals (for
@@ -169,6 +310,9 @@ pub struct LockGuard {
     /// Shares a hold taken further up this task's call chain, whose scope's
     /// entry permit it holds: the outermost holder releases.
     reentrant: Option<Arc<Scope>>,
+    /// Holds the lock for its client's cohort (`cohort.rs`): its release
+    /// passes the lock to the next waiting task of its client, if any.
+    pub(crate) cohort: bool,
 }
 
 impl LockGuard {
@@ -179,6 +323,7 @@ impl LockGuard {
             armed: true,
             releasing: false,
             reentrant: None,
+            cohort: false,
         }
     }
 
@@ -194,6 +339,7 @@ impl LockGuard {
             armed: false,
             releasing: false,
             reentrant: Some(scope),
+            cohort: false,
         }
     }
 
@@ -268,6 +414,9 @@ impl LockGuard {
         // outer one (its future polled elsewhere) stops now, not when the
         // reply comes back, by which time another holder may have the key.
         hold.mark_released();
+        if self.cohort && loss.is_some() {
+            hold.client.cohorts().dissolve(&hold.keys.lock);
+        }
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
@@ -283,6 +432,16 @@ impl LockGuard {
                 }),
                 Err(error) => Err(error),
             },
+            // In its own task, so that a cancelled `release()` cannot stop
+            // a hand-off halfway (the next holder would never be told).
+            None if self.cohort => tokio::spawn(pass_or_release(Arc::clone(&hold)))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::config(
+                        "the release task was cancelled (its runtime is shutting down); the lock \
+                         frees itself when its ttl passes",
+                    ))
+                }),
             None => release(&hold, false).await,
         };
         // Only now is the guard disarmed: a cancelled release above drops
@@ -325,7 +484,20 @@ impl Drop for LockGuard {
         if self.armed {
             let hold = Arc::clone(self.hold());
             hold.mark_released();
-            spawn_release(hold, self.releasing);
+            if !self.cohort {
+                spawn_release(hold, self.releasing);
+            } else if self.releasing {
+                // A cancelled `release()`: its task goes on.
+            } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(LockError::Redis { .. }) = pass_or_release(Arc::clone(&hold)).await {
+                        spawn_release(hold, true);
+                    }
+                });
+            } else {
+                hold.client.cohorts().dissolve(&hold.keys.lock);
+                spawn_release(hold, false); // logs that the ttl frees it
+            }
         }
     }
 }

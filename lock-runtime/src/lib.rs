@@ -17,6 +17,7 @@
 
 mod acquire;
 mod client;
+mod cohort;
 mod connection;
 mod error;
 mod guard;

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::acquire::Acquisition;
+use crate::acquire::{Acquisition, Cohort};
 use crate::client::{global_client, Client};
 use crate::connection::retryable;
 use crate::error::LockError;
@@ -182,6 +182,30 @@ impl Lock {
             return acquisition.once().await;
         };
         let started = Instant::now();
+        // Tasks of one client waiting for one key queue in the process
+        // behind one of them (`cohort.rs`); `fair` locks queue in Redis only.
+        let mut representative = None;
+        if !self.fair {
+            match Box::pin(acquisition.join_cohort(started, wait)).await? {
+                Cohort::Passed(guard) => return Ok(guard),
+                Cohort::Representative(slot) => representative = Some(slot),
+            }
+        }
+        let mut guard = self.take_in_redis(&acquisition, started, wait).await?;
+        if let Some(slot) = representative {
+            slot.keep();
+            guard.cohort = true;
+        }
+        Ok(guard)
+    }
+
+    /// A waiting acquire through Redis.
+    async fn take_in_redis(
+        &self,
+        acquisition: &Acquisition<'_>,
+        started: Instant,
+        wait: Duration,
+    ) -> Result<LockGuard, LockError> {
         let respect = acquisition.respects_queue();
         if !respect && !self.fencing {
             // A free lock costs a waiting acquire what it costs a try: one

@@ -1,0 +1,243 @@
+//! In-process hand-off: tasks of one client waiting for one key queue in
+//! the process and get the lock passed on with one script, each with its
+//! own token, ttl, renewal and fencing token, without starving waiters of
+//! other clients.
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock, LockError};
+
+fn client(server: &RedisServer) -> Client {
+    Client::new(Config::new(server.url())).unwrap()
+}
+
+/// Script calls Redis ran so far (EVALSHA and EVAL).
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = redis(server, &["INFO", "commandstats"]);
+    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+        .iter()
+        .filter_map(|field| {
+            let at = stats.find(field)? + field.len();
+            stats[at..].split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// 8 tasks of one client take turns 200 times on one key: no update lost,
+/// one script call per section (the hand-off), nobody queued in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_client_pass_the_lock_in_the_process() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = Lock::new("hot")
+        .wait(Duration::from_secs(30))
+        .client(client);
+    let (counter, inside, most) = (
+        Arc::new(Mutex::new(0u64)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let claimed = Arc::new(AtomicUsize::new(0));
+    const SECTIONS: usize = 200;
+    let scripts_before = script_calls(&server);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (lock, counter, inside, most, claimed) = (
+            lock.clone(),
+            Arc::clone(&counter),
+            Arc::clone(&inside),
+            Arc::clone(&most),
+            Arc::clone(&claimed),
+        );
+        tasks.push(tokio::spawn(async move {
+            while claimed.fetch_add(1, Ordering::SeqCst) < SECTIONS {
+                lock.run(async {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let read = *counter.lock().unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    *counter.lock().unwrap() = read + 1;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    let mut queued_in_redis = 0;
+    while !tasks.iter().all(|task| task.is_finished()) {
+        queued_in_redis = queued_in_redis.max(
+            value(&redis(&server, &["LLEN", "lock:{hot}:queue"]))
+                .unwrap()
+                .parse::<u32>()
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*counter.lock().unwrap(), SECTIONS as u64);
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two tasks inside at once");
+    assert_eq!(queued_in_redis, 0, "a task of the cohort queued in Redis");
+    let scripts = script_calls(&server) - scripts_before;
+    assert!(
+        scripts <= SECTIONS as u64 + 10,
+        "{scripts} script calls for {SECTIONS} sections"
+    );
+    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+}
+
+/// Every holder, passed the lock in the process or not, gets a fencing
+/// token larger than all earlier ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_local_passes() {
+    let server = RedisServer::start();
+    let lock = Lock::new("fenced")
+        .fencing()
+        .wait(Duration::from_secs(30))
+        .client(client(&server));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (lock, tokens) = (lock.clone(), Arc::clone(&tokens));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let guard = lock.acquire().await.unwrap();
+                tokens.lock().unwrap().push(guard.fencing_token().unwrap());
+                tokio::task::yield_now().await;
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 100);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens not increasing: {tokens:?}"
+    );
+}
+
+/// While a waiter of another client is queued in Redis, the lock is passed
+/// in the process at most 4 times in a row: the other client gets it within
+/// a few sections, not after the busy process is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_other_clients_are_not_starved() {
+    let server = RedisServer::start();
+    let busy = Lock::new("shared")
+        .wait(Duration::from_secs(30))
+        .client(client(&server));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (lock, stop) = (busy.clone(), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                lock.run(tokio::time::sleep(Duration::from_millis(5)))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = Lock::new("shared")
+        .wait(Duration::from_secs(5))
+        .client(client(&server));
+    let asked = Instant::now();
+    let guard = other.acquire().await.expect("the other client gets it");
+    let waited = asked.elapsed();
+    guard.release().await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // 4 local passes of ~5 ms, plus the hand-over: well under 200 ms.
+    assert!(
+        waited < Duration::from_millis(200),
+        "the other client waited {waited:?}"
+    );
+}
+
+/// A local waiter that gives up (its wait over, or cancelled) leaves the
+/// queue: the holder's release frees the lock, nothing is left behind, and
+/// the next acquire is immediate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_waiter_that_gives_up_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = Lock::new("gives-up").client(client.clone());
+    let waiting = lock.clone().wait(Duration::from_secs(30));
+    let holder = waiting.acquire().await.unwrap();
+    let short = lock.clone().wait(Duration::from_millis(50));
+    let asked = Instant::now();
+    match short.acquire().await {
+        Err(LockError::WaitTimeout { .. }) => {}
+        other => panic!("expected a wait timeout, got {other:?}"),
+    }
+    assert!(asked.elapsed() < Duration::from_millis(500));
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), waiting.acquire()).await;
+    assert!(cancelled.is_err(), "the holder still holds it");
+    holder.release().await.unwrap();
+    wait_until_async("the lock is free", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{gives-up}"]) == ":0\r\n"
+    })
+    .await;
+    let again = waiting.acquire().await.unwrap();
+    again.release().await.unwrap();
+    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+}
+
+/// A hold passed in the process has its own ttl (the waiter's, not the
+/// passer's) and its own renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_hold_has_its_own_ttl_and_renewal() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = Lock::new("own")
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(30))
+        .client(client.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock = Lock::new("own")
+            .ttl(Duration::from_millis(300))
+            .renew()
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let guard = lock.acquire().await.unwrap();
+            let token = guard.token().to_owned();
+            tokio::time::sleep(Duration::from_secs(1)).await; // past 3 ttls
+            (guard, token)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let first = holder.token().to_owned();
+    holder.release().await.unwrap();
+    let pttl: i64 = value(&redis(&server, &["PTTL", "lock:{own}"]))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (0..=300).contains(&pttl),
+        "the passed hold has the waiter's 300 ms ttl, not 30 s: {pttl}"
+    );
+    let (guard, token) = waiter.await.unwrap();
+    assert_ne!(token, first, "a passed hold has its own token");
+    assert!(guard.is_held(), "renewed past its ttl");
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{own}"])).as_deref(),
+        Some(token.as_str())
+    );
+    guard.release().await.unwrap();
+    assert_eq!(redis(&server, &["EXISTS", "lock:{own}"]), ":0\r\n");
+}
