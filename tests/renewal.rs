@@ -285,6 +285,7 @@ async fn a_kept_lock_is_never_extended_by_a_late_renewal() {
     let client = client(&server);
     const ROUNDS: usize = 200;
     let hold_at_least = Duration::from_secs(30);
+    let mut kept = Vec::new();
     for round in 0..ROUNDS {
         let guard = Lock::new(format!("job:{round}"))
             .ttl(Duration::from_millis(30))
@@ -297,13 +298,24 @@ async fn a_kept_lock_is_never_extended_by_a_late_renewal() {
         // Land the release at varying points of the 10 ms renewal cycle.
         tokio::time::sleep(Duration::from_micros(9_000 + 700 * (round as u64 % 10))).await;
         redis(&server, &["SCRIPT", "FLUSH"]);
-        guard.release().await.unwrap();
+        match guard.release().await {
+            Ok(()) => kept.push(round),
+            // A 30 ms renewed lock can be lost on a loaded machine (its
+            // validity ran out): then nothing was kept, and nothing to check.
+            Err(LockError::Lost { .. }) => {}
+            Err(error) => panic!("{error}"),
+        }
     }
+    assert!(
+        kept.len() >= ROUNDS / 2,
+        "only {} of {ROUNDS} releases kept their lock",
+        kept.len()
+    );
     // Renewals sent around the last releases have landed by now (several
     // renewal intervals, each round trip well under a millisecond here).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut cut_short = Vec::new();
-    for round in 0..ROUNDS {
+    for &round in &kept {
         let key = format!("lock:{{job:{round}}}");
         let pttl: i64 = value(&redis(&server, &["PTTL", &key]))
             .unwrap()
@@ -316,8 +328,9 @@ async fn a_kept_lock_is_never_extended_by_a_late_renewal() {
     }
     assert!(
         cut_short.is_empty(),
-        "{} of {ROUNDS} kept locks had their minimum hold cut short by a late renewal: {:?}",
+        "{} of {} kept locks had their minimum hold cut short by a late renewal: {:?}",
         cut_short.len(),
+        kept.len(),
         &cut_short[..cut_short.len().min(10)]
     );
     assert_eq!(client.renewal_stats().active, 0);

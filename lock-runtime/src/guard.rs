@@ -162,18 +162,31 @@ async fn linger(hold: &Hold, until: Instant) {
 /// dissolves the cohort and releases.
 fn pass_or_release(hold: Arc<Hold>) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
+        match next_waiter(&hold) {
+            Some(waiter) => pass_to(hold, waiter).await,
+            None => release(&hold, false).await,
+        }
+    })
+}
+
+/// The local waiter a cohort holder's lock goes to next, if any may have
+/// it; with none, the cohort is dissolved (its waiters go to Redis).
+fn next_waiter(hold: &Hold) -> Option<Waiter> {
+    let cohorts = hold.client.cohorts();
+    if hold.keep_for().is_zero() {
+        cohorts.next(&hold.keys.lock)
+    } else {
+        cohorts.dissolve(&hold.keys.lock);
+        None
+    }
+}
+
+/// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
+fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), LockError>> {
+    Box::pin(async move {
         let client = hold.client.clone();
         let cohorts = client.cohorts();
         let key = &hold.keys.lock;
-        let waiter = if hold.keep_for().is_zero() {
-            cohorts.next(key)
-        } else {
-            cohorts.dissolve(key);
-            None
-        };
-        let Some(waiter) = waiter else {
-            return release(&hold, false).await;
-        };
         let token = match new_token() {
             Ok(token) => token,
             Err(error) => {
@@ -432,16 +445,23 @@ impl LockGuard {
                 }),
                 Err(error) => Err(error),
             },
-            // In its own task, so that a cancelled `release()` cannot stop
-            // a hand-off halfway (the next holder would never be told).
-            None if self.cohort => tokio::spawn(pass_or_release(Arc::clone(&hold)))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(LockError::config(
-                        "the release task was cancelled (its runtime is shutting down); the lock \
-                         frees itself when its ttl passes",
-                    ))
-                }),
+            None if self.cohort => match next_waiter(&hold) {
+                // In its own task, so that a cancelled `release()` cannot
+                // stop a hand-off halfway (the next holder would never be
+                // told).
+                Some(waiter) => tokio::spawn(pass_to(Arc::clone(&hold), waiter))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(LockError::config(
+                            "the hand-off task was cancelled (its runtime is shutting down); \
+                             the lock frees itself when its ttl passes",
+                        ))
+                    }),
+                None => {
+                    self.cohort = false; // dissolved: a cancelled release is a plain one
+                    release(&hold, false).await
+                }
+            },
             None => release(&hold, false).await,
         };
         // Only now is the guard disarmed: a cancelled release above drops
