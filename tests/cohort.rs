@@ -241,3 +241,117 @@ async fn a_passed_hold_has_its_own_ttl_and_renewal() {
     guard.release().await.unwrap();
     assert_eq!(redis(&server, &["EXISTS", "lock:{own}"]), ":0\r\n");
 }
+
+/// 8 tasks of one client holding 20 ms each, back to back: a waiter of
+/// another client gets the lock within a few of their sections, every time
+/// (the bound holds across the cohort's release: its waiters stay queued
+/// until the release is done, then queue behind the woken waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_starvation_bound_holds_for_long_sections() {
+    let server = RedisServer::start();
+    let busy = Lock::new("long")
+        .wait(Duration::from_secs(60))
+        .client(client(&server));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sections = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (lock, stop, sections) = (busy.clone(), Arc::clone(&stop), Arc::clone(&sections));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                lock.run(async {
+                    sections.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                })
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let other = Lock::new("long")
+        .wait(Duration::from_secs(10))
+        .client(client(&server));
+    for _ in 0..3 {
+        let before = sections.load(Ordering::SeqCst);
+        let guard = other.acquire().await.unwrap();
+        let ran = sections.load(Ordering::SeqCst) - before;
+        guard.release().await.unwrap();
+        assert!(
+            ran <= 7,
+            "{ran} local sections ran while the other client waited"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// A holder that hangs past its (unrenewed) ttl does not keep the tasks of
+/// its own client waiting in the process: they go to Redis and take the
+/// expired lock, as a waiter of another client does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_holder_does_not_hold_up_its_own_client() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = Lock::new("hung")
+        .ttl(Duration::from_millis(500))
+        .wait(Duration::from_secs(5))
+        .client(client.clone());
+    let held = lock.acquire().await.unwrap();
+    let asked = Instant::now();
+    let guard = lock.acquire().await.expect("taken after the ttl");
+    let waited = asked.elapsed();
+    assert!(
+        waited < Duration::from_millis(1500),
+        "a task of the same client waited {waited:?} for a 500 ms lock"
+    );
+    drop(guard);
+    drop(held);
+}
+
+/// A holder's guard dropped while its runtime shuts down (the release task
+/// never runs) does not leave the client's other tasks queued for nothing:
+/// after the ttl they take the lock at once.
+#[test]
+fn a_guard_dropped_at_runtime_shutdown_leaves_the_client_usable() {
+    let server = RedisServer::start();
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let client = main.block_on(async { client(&server) });
+    let lock = Lock::new("shutdown")
+        .ttl(Duration::from_millis(300))
+        .wait(Duration::from_secs(5))
+        .client(client.clone());
+    {
+        let secondary = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (holder, waiter) = (lock.clone(), lock.clone());
+        secondary.block_on(async move {
+            tokio::spawn(async move {
+                let _guard = holder.acquire().await.unwrap();
+                std::future::pending::<()>().await;
+            });
+            tokio::spawn(async move {
+                let _guard = waiter.acquire().await;
+                std::future::pending::<()>().await;
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+    } // dropped: both tasks with it
+    main.block_on(async {
+        for _ in 0..2 {
+            let asked = Instant::now();
+            let guard = lock.acquire().await.unwrap();
+            assert!(
+                asked.elapsed() < Duration::from_millis(1500),
+                "took {:?}",
+                asked.elapsed()
+            );
+            guard.release().await.unwrap();
+        }
+    });
+}

@@ -52,13 +52,29 @@ pub(crate) enum Cohort<'a> {
 /// its waiters go to Redis themselves.
 pub(crate) struct Representative<'a> {
     acquisition: &'a Acquisition<'a>,
+    generation: u64,
     kept: bool,
 }
 
 impl Representative<'_> {
-    /// It holds the lock now: its guard carries the cohort on.
-    pub(crate) fn keep(mut self) {
+    /// It holds the lock now: `guard` carries the cohort on.
+    pub(crate) fn keep(mut self, guard: &mut LockGuard) {
         self.kept = true;
+        let acquisition = self.acquisition;
+        acquisition
+            .client
+            .cohorts()
+            .holds(&acquisition.keys.lock, self.generation, guard.held());
+        guard.cohort = Some(self.generation);
+    }
+
+    /// A sign of life while it waits in Redis.
+    pub(crate) fn heartbeat(&self) {
+        let acquisition = self.acquisition;
+        acquisition
+            .client
+            .cohorts()
+            .heartbeat(&acquisition.keys.lock, self.generation);
     }
 }
 
@@ -69,7 +85,7 @@ impl Drop for Representative<'_> {
             acquisition
                 .client
                 .cohorts()
-                .dissolve(&acquisition.keys.lock);
+                .dissolve(&acquisition.keys.lock, self.generation);
         }
     }
 }
@@ -81,6 +97,7 @@ struct Queued<'a> {
     acquisition: &'a Acquisition<'a>,
     /// `u64::MAX` once it left.
     id: u64,
+    generation: u64,
     receiver: tokio::sync::oneshot::Receiver<Passed>,
 }
 
@@ -94,13 +111,20 @@ impl Drop for Queued<'_> {
             .client
             .cohorts()
             .leave(&acquisition.keys.lock, self.id);
+        // Closed first: a pass sent from now on fails, and its sender
+        // passes the lock on; one sent before is here.
+        self.receiver.close();
         if let Ok(Passed::Lock { token, sent_at, .. }) = self.receiver.try_recv() {
             let hold = Hold::new(Acquired {
                 hold_at_least: None,
                 renewed: false,
                 ..acquisition.acquired(token, sent_at, None)
             });
-            pass_on(hold);
+            acquisition
+                .client
+                .cohorts()
+                .holds(&acquisition.keys.lock, self.generation, &hold);
+            pass_on(hold, self.generation);
         }
     }
 }
@@ -190,24 +214,26 @@ impl Acquisition<'_> {
         let key = &self.keys.lock;
         let fencing = self.lock.settings().fencing;
         loop {
-            let (receiver, id) = match cohorts.join(key, self.ttl_ms, fencing) {
-                Joined::Representative => {
+            let (receiver, id, generation) = match cohorts.join(key, self.ttl_ms, fencing) {
+                Joined::Representative(generation) => {
                     return Ok(Cohort::Representative(Representative {
                         acquisition: self,
+                        generation,
                         kept: false,
                     }))
                 }
-                Joined::Queued(receiver, id) => (receiver, id),
+                Joined::Queued(receiver, id, generation) => (receiver, id, generation),
             };
             let mut queued = Queued {
                 acquisition: self,
                 id,
+                generation,
                 receiver,
             };
             let left = started.checked_add(wait).map_or(Duration::MAX, |deadline| {
                 deadline.saturating_duration_since(Instant::now())
             });
-            match wait_for_pass(&mut queued.receiver, left).await {
+            match wait_for_pass(cohorts, key, generation, &mut queued.receiver, left).await {
                 Some(Passed::Lock {
                     token,
                     sent_at,
@@ -215,7 +241,8 @@ impl Acquisition<'_> {
                 }) => {
                     queued.id = u64::MAX; // nothing to leave
                     let mut guard = self.guard(token, sent_at, None, fence, false);
-                    guard.cohort = true;
+                    cohorts.holds(key, generation, guard.held());
+                    guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
                 }
                 Some(Passed::Redis) => queued.id = u64::MAX,

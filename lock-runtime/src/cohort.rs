@@ -15,13 +15,25 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::error::LostCause;
+use crate::hold::Hold;
+
 /// Local passes in a row while waiters of other clients are queued.
 pub(crate) const MAX_PASSES_WHILE_QUEUED: u32 = 4;
+
+/// How often a local waiter checks that its cohort still gets somewhere:
+/// its holder still holds the lock, its representative still waits for it.
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// A representative waiting in Redis shows a sign of life at least this
+/// often (each poll of its acquire; a waiter in Redis wakes at least every
+/// 500 ms); one that stops (its future parked, not dropped) is given up.
+const STALE_AFTER: Duration = Duration::from_secs(2);
 
 /// The waiting tasks of one client, per lock key.
 #[derive(Default)]
@@ -30,14 +42,18 @@ pub(crate) struct Cohorts {
     next_id: AtomicU64,
 }
 
-#[derive(Default)]
+/// A cohort: one exists for a key while a task of this client holds it or
+/// waits for it in Redis for the others.
 struct Cohort {
-    /// A task of this client holds the key, or waits for it in Redis for
-    /// the others.
-    busy: bool,
+    /// Tells this cohort from an earlier one of the same key.
+    generation: u64,
     waiters: VecDeque<Waiter>,
     /// Local passes made in a row while others were queued in Redis.
     passes_while_queued: u32,
+    /// The hold passed around; none while the representative waits.
+    holder: Option<Weak<Hold>>,
+    /// The representative's last sign of life while it waits.
+    heartbeat: Instant,
 }
 
 /// A task waiting in the process for a lock its client's representative
@@ -75,11 +91,23 @@ pub(crate) enum Passed {
 /// The outcome of joining a key's cohort.
 pub(crate) enum Joined {
     /// Nobody of this client holds or waits for the key: the caller goes to
-    /// Redis for the others, and dissolves the cohort if it does not get
-    /// the lock.
-    Representative,
-    /// Queued in the process.
-    Queued(oneshot::Receiver<Passed>, u64),
+    /// Redis for the others (for the cohort of this generation), and
+    /// dissolves the cohort if it does not get the lock.
+    Representative(u64),
+    /// Queued in the process, in the cohort of this generation.
+    Queued(oneshot::Receiver<Passed>, u64, u64),
+}
+
+/// What a cohort holder's release does.
+pub(crate) enum Next {
+    /// Pass the lock to this waiter.
+    Pass(Waiter),
+    /// Release through Redis (others are queued there and had their share
+    /// of local passes), then [`dissolve`](Cohorts::dissolve): until then
+    /// the local waiters stay queued, so none races the woken waiter.
+    Release,
+    /// Nobody waits here (the cohort is dissolved): a plain release.
+    Alone,
 }
 
 impl Cohorts {
@@ -89,23 +117,81 @@ impl Cohorts {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The cohort of `key` of this generation, if it still exists.
+    fn cohort<'a>(
+        by_key: &'a mut HashMap<String, Cohort>,
+        key: &str,
+        generation: u64,
+    ) -> Option<&'a mut Cohort> {
+        by_key
+            .get_mut(key)
+            .filter(|cohort| cohort.generation == generation)
+    }
+
     /// Joins the cohort of `key`.
     pub(crate) fn join(&self, key: &str, ttl_ms: u64, fencing: bool) -> Joined {
-        let mut by_key = self.by_key();
-        let cohort = by_key.entry(key.to_owned()).or_default();
-        if !cohort.busy {
-            cohort.busy = true;
-            return Joined::Representative;
-        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (sender, receiver) = oneshot::channel();
-        cohort.waiters.push_back(Waiter {
-            id,
-            ttl_ms,
-            fencing,
-            sender,
-        });
-        Joined::Queued(receiver, id)
+        let mut by_key = self.by_key();
+        match by_key.get_mut(key) {
+            None => {
+                by_key.insert(
+                    key.to_owned(),
+                    Cohort {
+                        generation: id,
+                        waiters: VecDeque::new(),
+                        passes_while_queued: 0,
+                        holder: None,
+                        heartbeat: Instant::now(),
+                    },
+                );
+                Joined::Representative(id)
+            }
+            Some(cohort) => {
+                let (sender, receiver) = oneshot::channel();
+                cohort.waiters.push_back(Waiter {
+                    id,
+                    ttl_ms,
+                    fencing,
+                    sender,
+                });
+                Joined::Queued(receiver, id, cohort.generation)
+            }
+        }
+    }
+
+    /// The representative of this generation is still at it.
+    pub(crate) fn heartbeat(&self, key: &str, generation: u64) {
+        if let Some(cohort) = Self::cohort(&mut self.by_key(), key, generation) {
+            cohort.heartbeat = Instant::now();
+        }
+    }
+
+    /// The cohort's lock is held now, by `hold`.
+    pub(crate) fn holds(&self, key: &str, generation: u64, hold: &Arc<Hold>) {
+        if let Some(cohort) = Self::cohort(&mut self.by_key(), key, generation) {
+            cohort.holder = Some(Arc::downgrade(hold));
+        }
+    }
+
+    /// Whether the cohort of this generation gets nowhere: its holder lost
+    /// the lock (or is gone without releasing), or its representative
+    /// stopped showing signs of life. A released holder is passing the lock
+    /// on, or dissolving the cohort: not stuck.
+    pub(crate) fn stuck(&self, key: &str, generation: u64) -> bool {
+        let mut by_key = self.by_key();
+        let Some(cohort) = Self::cohort(&mut by_key, key, generation) else {
+            return false;
+        };
+        match &cohort.holder {
+            Some(holder) => match holder.upgrade() {
+                None => true,
+                Some(hold) => !matches!(
+                    hold.lost_cause(Instant::now()),
+                    None | Some(LostCause::Released)
+                ),
+            },
+            None => cohort.heartbeat.elapsed() > STALE_AFTER,
+        }
     }
 
     /// A waiter stops waiting: out of the queue, if it is still there.
@@ -115,25 +201,28 @@ impl Cohorts {
         }
     }
 
-    /// The holder of `key` is done: the waiter to pass the lock to, or none
-    /// (no waiter, or others queued in Redis for too many local passes in a
-    /// row). With none, the cohort is dissolved: its waiters go to Redis.
-    pub(crate) fn next(&self, key: &str) -> Option<Waiter> {
+    /// The holder of the cohort of this generation is done.
+    pub(crate) fn next(&self, key: &str, generation: u64) -> Next {
         let mut by_key = self.by_key();
-        let cohort = by_key.get_mut(key)?;
-        if cohort.passes_while_queued < MAX_PASSES_WHILE_QUEUED {
-            if let Some(waiter) = cohort.waiters.pop_front() {
-                return Some(waiter);
-            }
+        let Some(cohort) = Self::cohort(&mut by_key, key, generation) else {
+            return Next::Alone;
+        };
+        if cohort.waiters.is_empty() {
+            by_key.remove(key);
+            return Next::Alone;
         }
-        drop(by_key);
-        self.dissolve(key);
-        None
+        if cohort.passes_while_queued >= MAX_PASSES_WHILE_QUEUED {
+            return Next::Release;
+        }
+        match cohort.waiters.pop_front() {
+            Some(waiter) => Next::Pass(waiter),
+            None => Next::Alone,
+        }
     }
 
     /// A pass was made; `queued`: waiters of other clients are queued.
-    pub(crate) fn passed(&self, key: &str, queued: bool) {
-        if let Some(cohort) = self.by_key().get_mut(key) {
+    pub(crate) fn passed(&self, key: &str, generation: u64, queued: bool) {
+        if let Some(cohort) = Self::cohort(&mut self.by_key(), key, generation) {
             cohort.passes_while_queued = if queued {
                 cohort.passes_while_queued + 1
             } else {
@@ -142,25 +231,46 @@ impl Cohorts {
         }
     }
 
-    /// Nobody of this client holds or waits for `key` in Redis any more:
-    /// every local waiter goes to Redis itself.
-    pub(crate) fn dissolve(&self, key: &str) {
-        let cohort = self.by_key().remove(key);
+    /// The cohort of this generation ends: every local waiter goes to
+    /// Redis itself.
+    pub(crate) fn dissolve(&self, key: &str, generation: u64) {
+        let cohort = {
+            let mut by_key = self.by_key();
+            match by_key.get(key) {
+                Some(cohort) if cohort.generation == generation => by_key.remove(key),
+                _ => None,
+            }
+        };
         for waiter in cohort.into_iter().flat_map(|cohort| cohort.waiters) {
             let _ = waiter.send(Passed::Redis);
         }
     }
 }
 
-/// Waits for `receiver` at most `wait`; `None` when the wait ran out (or
-/// the cohort went away).
+/// Waits for `receiver` at most `wait`; `None` when the wait ran out.
+/// Wakes every [`CHECK_EVERY`] to give up a stuck cohort (then the caller
+/// is told to go to Redis).
 pub(crate) async fn wait_for_pass(
+    cohorts: &Cohorts,
+    key: &str,
+    generation: u64,
     receiver: &mut oneshot::Receiver<Passed>,
     wait: Duration,
 ) -> Option<Passed> {
-    match tokio::time::timeout(wait, receiver).await {
-        Ok(Ok(passed)) => Some(passed),
-        Ok(Err(_closed)) => Some(Passed::Redis),
-        Err(_elapsed) => None,
+    let deadline = Instant::now().checked_add(wait);
+    loop {
+        let left = deadline.map_or(Duration::MAX, |deadline| {
+            deadline.saturating_duration_since(Instant::now())
+        });
+        match tokio::time::timeout(left.min(CHECK_EVERY), &mut *receiver).await {
+            Ok(Ok(passed)) => return Some(passed),
+            Ok(Err(_closed)) => return Some(Passed::Redis),
+            Err(_elapsed) if left <= CHECK_EVERY => return None,
+            Err(_elapsed) => {
+                if cohorts.stuck(key, generation) {
+                    cohorts.dissolve(key, generation);
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 
 use crate::acquire::FENCE_RETENTION;
-use crate::cohort::{Passed, Waiter};
+use crate::cohort::{Next, Passed, Waiter};
 use crate::error::{LockError, LostCause};
 use crate::hold::{drift_margin, Acquired, Hold};
 use crate::renewal::Registration;
@@ -156,33 +156,103 @@ async fn linger(hold: &Hold, until: Instant) {
     }
 }
 
-/// The release of a holder in its client's cohort (`cohort.rs`): passes the
-/// lock to the next task of its client waiting for it, with one `HANDOFF`
-/// (the next holder's own token and ttl), or, when none may have it,
-/// dissolves the cohort and releases.
-fn pass_or_release(hold: Arc<Hold>) -> BoxFuture<'static, Result<(), LockError>> {
+/// The release of a holder in its client's cohort (`cohort.rs`) of this
+/// generation: passes the lock to the next task of its client waiting for
+/// it, with one `HANDOFF` (the next holder's own token and ttl); or, when
+/// others wait in Redis and had their share, releases it and then ends the
+/// cohort; or, with nobody waiting here, releases it.
+fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
-        match next_waiter(&hold) {
-            Some(waiter) => pass_to(hold, waiter).await,
-            None => release(&hold, false).await,
+        match next_step(&hold, generation) {
+            Next::Pass(waiter) => pass_to(hold, generation, waiter).await,
+            Next::Release => release_then_dissolve(&hold, generation).await,
+            Next::Alone => release(&hold, false).await,
         }
     })
 }
 
-/// The local waiter a cohort holder's lock goes to next, if any may have
-/// it; with none, the cohort is dissolved (its waiters go to Redis).
-fn next_waiter(hold: &Hold) -> Option<Waiter> {
+/// What a cohort holder's release does; a kept lock (`hold_at_least`) is
+/// never passed on.
+fn next_step(hold: &Hold, generation: u64) -> Next {
     let cohorts = hold.client.cohorts();
     if hold.keep_for().is_zero() {
-        cohorts.next(&hold.keys.lock)
+        cohorts.next(&hold.keys.lock, generation)
     } else {
-        cohorts.dissolve(&hold.keys.lock);
-        None
+        Next::Release
     }
 }
 
+/// Releases through Redis, then ends the cohort: its waiters stay queued
+/// until the release is done, so that none of them races the waiter of
+/// another client the release wakes (and, within the hand-over window, they
+/// queue behind it).
+async fn release_then_dissolve(hold: &Hold, generation: u64) -> Result<(), LockError> {
+    let result = release(hold, false).await;
+    hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+    result
+}
+
+/// Ends a cohort if dropped before [`disarm`](DissolveOnDrop::disarm): a
+/// task carrying the cohort on that is dropped unfinished (its runtime
+/// shutting down) must not leave its waiters queued for nothing.
+struct DissolveOnDrop {
+    hold: Arc<Hold>,
+    generation: u64,
+    armed: bool,
+}
+
+impl DissolveOnDrop {
+    fn new(hold: &Arc<Hold>, generation: u64) -> Self {
+        DissolveOnDrop {
+            hold: Arc::clone(hold),
+            generation,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for DissolveOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let hold = &self.hold;
+            hold.client
+                .cohorts()
+                .dissolve(&hold.keys.lock, self.generation);
+        }
+    }
+}
+
+/// [`pass_or_release`] in the background, for a dropped guard or a lock
+/// nobody holds: a release that fails goes on in the background, and one
+/// after a timed-out attempt lingers.
+pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+        spawn_release(hold, false); // logs that the ttl frees it
+        return;
+    };
+    let dissolve = DissolveOnDrop::new(&hold, generation);
+    runtime.spawn(async move {
+        let result = pass_or_release(Arc::clone(&hold), generation).await;
+        dissolve.disarm();
+        match result {
+            Err(LockError::Redis { .. }) => spawn_release(hold, true),
+            _ if hold.linger => spawn_release(hold, true),
+            _ => {}
+        }
+    });
+}
+
 /// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
-fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), LockError>> {
+fn pass_to(
+    hold: Arc<Hold>,
+    generation: u64,
+    waiter: Waiter,
+) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
         let client = hold.client.clone();
         let cohorts = client.cohorts();
@@ -191,7 +261,7 @@ fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), Loc
             Ok(token) => token,
             Err(error) => {
                 let _ = waiter.send(Passed::Redis);
-                cohorts.dissolve(key);
+                cohorts.dissolve(key, generation);
                 release(&hold, false).await?;
                 return Err(error);
             }
@@ -216,7 +286,7 @@ fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), Loc
         };
         match handoff(&hold, &token, &waiter).await {
             Ok((fence, queued)) => {
-                cohorts.passed(key, queued);
+                cohorts.passed(key, generation, queued);
                 let passed = Passed::Lock {
                     token: token.clone(),
                     sent_at,
@@ -225,13 +295,15 @@ fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), Loc
                 if waiter.send(passed).is_err() {
                     // The waiter gave up meanwhile: the lock holds a token
                     // nobody has; pass it on, or release it.
-                    pass_on(next(false));
+                    let orphan = next(false);
+                    cohorts.holds(key, generation, &orphan);
+                    pass_on(orphan, generation);
                 }
                 Ok(())
             }
             Err(error) => {
                 let _ = waiter.send(Passed::Redis);
-                cohorts.dissolve(key);
+                cohorts.dissolve(key, generation);
                 if let LockError::Redis { .. } = error {
                     // Unknown outcome: the key may hold the next token.
                     spawn_release(next(true), true);
@@ -240,20 +312,6 @@ fn pass_to(hold: Arc<Hold>, waiter: Waiter) -> BoxFuture<'static, Result<(), Loc
             }
         }
     })
-}
-
-/// Passes on (or releases), in the background, a lock held with a token
-/// nobody has any more (its waiter gave up as it was passed).
-pub(crate) fn pass_on(hold: Arc<Hold>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(pass_or_release(hold));
-        }
-        Err(_) => {
-            hold.client.cohorts().dissolve(&hold.keys.lock);
-            spawn_release(hold, false); // logs that the ttl frees it
-        }
-    }
 }
 
 /// One `HANDOFF` round trip: the lock goes from `hold` to `next`, with the
@@ -323,9 +381,10 @@ pub struct LockGuard {
     /// Shares a hold taken further up this task's call chain, whose scope's
     /// entry permit it holds: the outermost holder releases.
     reentrant: Option<Arc<Scope>>,
-    /// Holds the lock for its client's cohort (`cohort.rs`): its release
-    /// passes the lock to the next waiting task of its client, if any.
-    pub(crate) cohort: bool,
+    /// Holds the lock for its client's cohort (`cohort.rs`) of this
+    /// generation: its release passes the lock to the next waiting task of
+    /// its client, if any.
+    pub(crate) cohort: Option<u64>,
 }
 
 impl LockGuard {
@@ -336,7 +395,7 @@ impl LockGuard {
             armed: true,
             releasing: false,
             reentrant: None,
-            cohort: false,
+            cohort: None,
         }
     }
 
@@ -352,7 +411,7 @@ impl LockGuard {
             armed: false,
             releasing: false,
             reentrant: Some(scope),
-            cohort: false,
+            cohort: None,
         }
     }
 
@@ -362,6 +421,10 @@ impl LockGuard {
     }
 
     fn hold(&self) -> &Arc<Hold> {
+        &self.lock.hold
+    }
+
+    pub(crate) fn held(&self) -> &Arc<Hold> {
         &self.lock.hold
     }
 
@@ -427,8 +490,8 @@ impl LockGuard {
         // outer one (its future polled elsewhere) stops now, not when the
         // reply comes back, by which time another holder may have the key.
         hold.mark_released();
-        if self.cohort && loss.is_some() {
-            hold.client.cohorts().dissolve(&hold.keys.lock);
+        if let (Some(generation), Some(_)) = (self.cohort, loss) {
+            hold.client.cohorts().dissolve(&hold.keys.lock, generation);
         }
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
@@ -445,23 +508,41 @@ impl LockGuard {
                 }),
                 Err(error) => Err(error),
             },
-            None if self.cohort => match next_waiter(&hold) {
-                // In its own task, so that a cancelled `release()` cannot
-                // stop a hand-off halfway (the next holder would never be
-                // told).
-                Some(waiter) => tokio::spawn(pass_to(Arc::clone(&hold), waiter))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(LockError::config(
-                            "the hand-off task was cancelled (its runtime is shutting down); \
-                             the lock frees itself when its ttl passes",
-                        ))
-                    }),
-                None => {
-                    self.cohort = false; // dissolved: a cancelled release is a plain one
-                    release(&hold, false).await
+            None if self.cohort.is_some() => {
+                let generation = self.cohort.unwrap_or_default();
+                match next_step(&hold, generation) {
+                    // In its own task, so that a cancelled `release()` cannot
+                    // stop a hand-off halfway (the next holder would never be
+                    // told); the cohort ends if that task is dropped unrun.
+                    Next::Pass(waiter) => {
+                        let dissolve = DissolveOnDrop::new(&hold, generation);
+                        let passing = pass_to(Arc::clone(&hold), generation, waiter);
+                        tokio::spawn(async move {
+                            let result = passing.await;
+                            dissolve.disarm();
+                            result
+                        })
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(LockError::config(
+                                "the hand-off task was cancelled (its runtime is shutting \
+                                 down); the lock frees itself when its ttl passes",
+                            ))
+                        })
+                    }
+                    Next::Release => {
+                        // A cancelled release ends the cohort in Drop.
+                        let result = release(&hold, false).await;
+                        hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+                        self.cohort = None;
+                        result
+                    }
+                    Next::Alone => {
+                        self.cohort = None; // a cancelled release is a plain one
+                        release(&hold, false).await
+                    }
                 }
-            },
+            }
             None => release(&hold, false).await,
         };
         // Only now is the guard disarmed: a cancelled release above drops
@@ -504,19 +585,15 @@ impl Drop for LockGuard {
         if self.armed {
             let hold = Arc::clone(self.hold());
             hold.mark_released();
-            if !self.cohort {
-                spawn_release(hold, self.releasing);
-            } else if self.releasing {
-                // A cancelled `release()`: its task goes on.
-            } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    if let Err(LockError::Redis { .. }) = pass_or_release(Arc::clone(&hold)).await {
-                        spawn_release(hold, true);
-                    }
-                });
-            } else {
-                hold.client.cohorts().dissolve(&hold.keys.lock);
-                spawn_release(hold, false); // logs that the ttl frees it
+            match self.cohort {
+                None => spawn_release(hold, self.releasing),
+                Some(generation) if self.releasing => {
+                    // A cancelled `release()`: a hand-off goes on in its own
+                    // task; anything else is released here.
+                    hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+                    spawn_release(hold, true);
+                }
+                Some(generation) => pass_on(hold, generation),
             }
         }
     }

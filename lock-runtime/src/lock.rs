@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{Acquisition, Cohort};
+use crate::acquire::{Acquisition, Cohort, Representative};
 use crate::client::{global_client, Client};
 use crate::connection::retryable;
 use crate::error::LockError;
@@ -191,10 +191,20 @@ impl Lock {
                 Cohort::Representative(slot) => representative = Some(slot),
             }
         }
-        let mut guard = self.take_in_redis(&acquisition, started, wait).await?;
+        let mut guard = match &representative {
+            // Its waiters give up a representative that stops being polled.
+            Some(slot) => {
+                let in_redis = self.take_in_redis(&acquisition, started, wait);
+                Heartbeat {
+                    inner: in_redis,
+                    slot,
+                }
+                .await?
+            }
+            None => self.take_in_redis(&acquisition, started, wait).await?,
+        };
         if let Some(slot) = representative {
-            slot.keep();
-            guard.cohort = true;
+            slot.keep(&mut guard);
         }
         Ok(guard)
     }
@@ -331,6 +341,29 @@ impl Lock {
             fencing: self.fencing,
             hold_at_least: self.hold_at_least,
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A representative's acquire in Redis, showing a sign of life to its
+    /// cohort at every poll.
+    struct Heartbeat<'a, F> {
+        #[pin]
+        inner: F,
+        slot: &'a Representative<'a>,
+    }
+}
+
+impl<F: Future> Future for Heartbeat<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        this.slot.heartbeat();
+        this.inner.poll(cx)
     }
 }
 
