@@ -28,7 +28,8 @@ fn script_calls(server: &RedisServer) -> u64 {
 }
 
 /// 8 tasks of one client take turns 200 times on one key: no update lost,
-/// one script call per section (the hand-off), nobody queued in Redis.
+/// one script call per section (the hand-off), at most one of them queued
+/// in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_one_client_pass_the_lock_in_the_process() {
     let server = RedisServer::start();
@@ -83,7 +84,12 @@ async fn tasks_of_one_client_pass_the_lock_in_the_process() {
     }
     assert_eq!(*counter.lock().unwrap(), SECTIONS as u64);
     assert_eq!(most.load(Ordering::SeqCst), 1, "two tasks inside at once");
-    assert_eq!(queued_in_redis, 0, "a task of the cohort queued in Redis");
+    // At most its representative (while the first holder, which took the
+    // free lock with a plain SET NX, is in no cohort).
+    assert!(
+        queued_in_redis <= 1,
+        "{queued_in_redis} tasks of one client queued in Redis"
+    );
     let scripts = script_calls(&server) - scripts_before;
     assert!(
         scripts <= SECTIONS as u64 + 10,

@@ -128,6 +128,12 @@ impl Cohorts {
             .filter(|cohort| cohort.generation == generation)
     }
 
+    /// Whether a task of this client holds `key` or waits for it in Redis
+    /// for the others (a cohort exists).
+    pub(crate) fn exists(&self, key: &str) -> bool {
+        self.by_key().contains_key(key)
+    }
+
     /// Joins the cohort of `key`.
     pub(crate) fn join(&self, key: &str, ttl_ms: u64, fencing: bool) -> Joined {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

@@ -182,54 +182,46 @@ impl Lock {
             return acquisition.once().await;
         };
         let started = Instant::now();
+        let respect = acquisition.respects_queue();
         // Tasks of one client waiting for one key queue in the process
         // behind one of them (`cohort.rs`); `fair` locks queue in Redis only.
-        let mut representative = None;
-        if !self.fair {
-            match Box::pin(acquisition.join_cohort(started, wait)).await? {
-                Cohort::Passed(guard) => return Ok(guard),
-                Cohort::Representative(slot) => representative = Some(slot),
-            }
-        }
-        let mut guard = match &representative {
-            // Its waiters give up a representative that stops being polled.
-            Some(slot) => {
-                let in_redis = self.take_in_redis(&acquisition, started, wait);
-                Heartbeat {
-                    inner: in_redis,
-                    slot,
-                }
-                .await?
-            }
-            None => self.take_in_redis(&acquisition, started, wait).await?,
-        };
-        if let Some(slot) = representative {
-            slot.keep(&mut guard);
-        }
-        Ok(guard)
-    }
-
-    /// A waiting acquire through Redis.
-    async fn take_in_redis(
-        &self,
-        acquisition: &Acquisition<'_>,
-        started: Instant,
-        wait: Duration,
-    ) -> Result<LockGuard, LockError> {
-        let respect = acquisition.respects_queue();
-        if !respect && !self.fencing {
+        let cohorts = (!self.fair).then(|| acquisition.client.cohorts());
+        let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
+        if !respect && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
-            // plain `SET NX PX`. Only a busy lock (or a failed connection)
-            // goes on to the queue.
+            // plain `SET NX PX`, and no cohort. Only a busy lock (or a failed
+            // connection) goes on to the cohort and the queue.
             match acquisition.once().await {
                 Err(LockError::Busy { .. }) => {}
                 Err(LockError::Redis { source, .. }) if retryable(&source) => {}
                 result => return result,
             }
         }
+        let mut representative = None;
+        if cohorts.is_some() {
+            match Box::pin(acquisition.join_cohort(started, wait)).await? {
+                Cohort::Passed(guard) => return Ok(guard),
+                Cohort::Representative(slot) => representative = Some(slot),
+            }
+        }
         // Boxed: the waiting state machine is large, and an uncontended
         // acquire should not carry it.
-        Box::pin(acquisition.waiting(wait, started, respect)).await
+        let in_redis = Box::pin(acquisition.waiting(wait, started, respect));
+        let mut guard = match &representative {
+            // Its waiters give up a representative that stops being polled.
+            Some(slot) => {
+                Heartbeat {
+                    inner: in_redis,
+                    slot,
+                }
+                .await?
+            }
+            None => in_redis.await?,
+        };
+        if let Some(slot) = representative {
+            slot.keep(&mut guard);
+        }
+        Ok(guard)
     }
 
     /// Takes the lock if it is free, in one round trip; never waits.
