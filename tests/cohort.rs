@@ -206,13 +206,27 @@ async fn a_local_waiter_that_gives_up_leaves_no_lock_behind() {
 async fn a_passed_hold_has_its_own_ttl_and_renewal() {
     let server = RedisServer::start();
     let client = client(&server);
-    let holder = Lock::new("own")
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(30))
-        .client(client.clone())
+    // The holder waits for another client's lock, so it holds it for its
+    // client's cohort (a free lock is taken with a plain SET NX, outside any
+    // cohort, and released plainly).
+    let first = Lock::new("own")
+        .client(self::client(&server))
         .acquire()
         .await
         .unwrap();
+    let holder = tokio::spawn({
+        let lock = Lock::new("own")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    wait_until_async("the holder waits", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{own}:queue"]) == ":1\r\n"
+    })
+    .await;
+    first.release().await.unwrap();
+    let holder = holder.await.unwrap();
     let waiter = tokio::spawn({
         let lock = Lock::new("own")
             .ttl(Duration::from_millis(300))
@@ -226,6 +240,7 @@ async fn a_passed_hold_has_its_own_ttl_and_renewal() {
             (guard, token)
         }
     });
+    // The waiter queues in the process behind the holder.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let first = holder.token().to_owned();
     holder.release().await.unwrap();

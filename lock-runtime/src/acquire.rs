@@ -54,6 +54,9 @@ pub(crate) struct Representative<'a> {
     acquisition: &'a Acquisition<'a>,
     generation: u64,
     kept: bool,
+    /// It waited in a cohort that ended: maybe after a release that woke a
+    /// waiter of another client, which its first attempt must not race.
+    pub(crate) after_dissolve: bool,
 }
 
 impl Representative<'_> {
@@ -213,6 +216,7 @@ impl Acquisition<'_> {
         let cohorts = self.client.cohorts();
         let key = &self.keys.lock;
         let fencing = self.lock.settings().fencing;
+        let mut dissolved = false;
         loop {
             let (receiver, id, generation) = match cohorts.join(key, self.ttl_ms, fencing) {
                 Joined::Representative(generation) => {
@@ -220,6 +224,7 @@ impl Acquisition<'_> {
                         acquisition: self,
                         generation,
                         kept: false,
+                        after_dissolve: dissolved,
                     }))
                 }
                 Joined::Queued(receiver, id, generation) => (receiver, id, generation),
@@ -245,7 +250,10 @@ impl Acquisition<'_> {
                     guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
                 }
-                Some(Passed::Redis) => queued.id = u64::MAX,
+                Some(Passed::Redis) => {
+                    queued.id = u64::MAX;
+                    dissolved = true;
+                }
                 None => {
                     return Err(LockError::WaitTimeout {
                         key: self.lock.name_str().to_owned(),

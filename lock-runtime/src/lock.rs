@@ -204,6 +204,13 @@ impl Lock {
                 Cohort::Representative(slot) => representative = Some(slot),
             }
         }
+        // After its cohort ended (maybe at the starvation bound, whose
+        // release woke a waiter of another client), the first attempt lets
+        // queued waiters go first.
+        let respect = respect
+            || representative
+                .as_ref()
+                .is_some_and(|slot| slot.after_dissolve);
         // Boxed: the waiting state machine is large, and an uncontended
         // acquire should not carry it.
         let in_redis = Box::pin(acquisition.waiting(wait, started, respect));
