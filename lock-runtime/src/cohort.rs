@@ -52,7 +52,8 @@ struct Cohort {
     passes_while_queued: u32,
     /// The hold passed around; none while the representative waits.
     holder: Option<Weak<Hold>>,
-    /// The representative's last sign of life while it waits.
+    /// The representative's last sign of life while it waits, or the last
+    /// pass (the next holder registers its hold a moment after it).
     heartbeat: Instant,
 }
 
@@ -190,7 +191,9 @@ impl Cohorts {
         };
         match &cohort.holder {
             Some(holder) => match holder.upgrade() {
-                None => true,
+                // Gone: released and passed on, the next holder about to
+                // register, or dropped without a release.
+                None => cohort.heartbeat.elapsed() > STALE_AFTER,
                 Some(hold) => !matches!(
                     hold.lost_cause(Instant::now()),
                     None | Some(LostCause::Released)
@@ -229,6 +232,7 @@ impl Cohorts {
     /// A pass was made; `queued`: waiters of other clients are queued.
     pub(crate) fn passed(&self, key: &str, generation: u64, queued: bool) {
         if let Some(cohort) = Self::cohort(&mut self.by_key(), key, generation) {
+            cohort.heartbeat = Instant::now();
             cohort.passes_while_queued = if queued {
                 cohort.passes_while_queued + 1
             } else {
