@@ -7,11 +7,13 @@ use crate::client::Client;
 use crate::cohort::{wait_for_pass, Joined, Passed};
 use crate::connection::retryable;
 use crate::error::LockError;
-use crate::guard::{pass_on, spawn_release, LockGuard, OnLost};
+use crate::guard::{LockGuard, OnLost};
 use crate::hold::{Acquired, Hold};
 use crate::keys::LockKeys;
+use crate::local_handoff::pass_on;
 use crate::lock::Lock;
 use crate::notify::wait_for;
+use crate::release::spawn_release;
 use crate::scripts::{evalsha, run, ACQUIRE, LEAVE};
 use crate::token::new_token;
 use crate::watch::{Entry, Scope};
@@ -24,7 +26,13 @@ const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 /// The longest a waiter sleeps without news when Redis gave no expiry.
 const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
 /// Fencing counters live at least this long after their last acquisition.
-pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(60);
+const FENCE_RETENTION: Duration = Duration::from_secs(60);
+
+/// How long a fencing counter is kept after an acquisition with `ttl_ms`:
+/// max(60 s, ttl).
+pub(crate) fn fence_retention_ms(ttl_ms: u64) -> u64 {
+    (FENCE_RETENTION.as_millis() as u64).max(ttl_ms)
+}
 /// A waiter whose attempt failed on the connection tries again after this
 /// long (doubled up to the refresh interval), while its wait lasts.
 const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
@@ -67,7 +75,7 @@ impl Representative<'_> {
         acquisition
             .client
             .cohorts()
-            .holds(&acquisition.keys.lock, self.generation, guard.held());
+            .holds(&acquisition.keys.lock, self.generation, guard.hold());
         guard.cohort = Some(self.generation);
     }
 
@@ -246,7 +254,7 @@ impl Acquisition<'_> {
                 }) => {
                     queued.id = u64::MAX; // nothing to leave
                     let mut guard = self.guard(token, sent_at, None, fence, false);
-                    cohorts.holds(key, generation, guard.held());
+                    cohorts.holds(key, generation, guard.hold());
                     guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
                 }
@@ -549,7 +557,7 @@ impl Acquisition<'_> {
         let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
         // 0: no fencing token.
         let retention_ms = if fencing {
-            (FENCE_RETENTION.as_millis() as u64).max(self.ttl_ms)
+            fence_retention_ms(self.ttl_ms)
         } else {
             0
         };

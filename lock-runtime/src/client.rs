@@ -183,9 +183,10 @@ impl Client {
         }
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
-            // Each call runs under `within(connect + response timeout)`,
-            // which also bounds the wait for a reconnect; a second timer per
-            // command inside the connection would only cost time.
+            // Each call runs under `Connection::call`'s deadline (connect +
+            // response timeout, retries included), which also bounds the
+            // wait for a reconnect; a second timer per command inside the
+            // connection would only cost time.
             .set_response_timeout(None)
             // One quick retry: a Redis that is down fails the call within
             // seconds instead of after the default six growing delays.

@@ -1,0 +1,223 @@
+//! The release of a holder in its client's cohort (`cohort.rs`): the lock
+//! passed to the next waiting task of the client with one `HANDOFF`, or
+//! released through Redis.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use crate::acquire::fence_retention_ms;
+use crate::cohort::{Next, Passed, Waiter};
+use crate::error::{LockError, LostCause};
+use crate::hold::{Acquired, Hold};
+use crate::release::{release, spawn_release};
+use crate::scripts::{evalsha, run, HANDOFF};
+use crate::token::new_token;
+
+/// The release of a holder in its client's cohort (`cohort.rs`) of this
+/// generation: passes the lock to the next task of its client waiting for
+/// it, with one `HANDOFF` (the next holder's own token and ttl); or, when
+/// others wait in Redis and had their share, releases it and then ends the
+/// cohort; or, with nobody waiting here, releases it.
+fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
+    Box::pin(async move {
+        match next_step(&hold, generation) {
+            Next::Pass(waiter) => pass_to(hold, generation, waiter).await,
+            Next::Release => release_then_dissolve(&hold, generation).await,
+            Next::Alone => release(&hold, false).await,
+        }
+    })
+}
+
+/// What a cohort holder's release does; a kept lock (`hold_at_least`) is
+/// never passed on.
+pub(crate) fn next_step(hold: &Hold, generation: u64) -> Next {
+    let cohorts = hold.client.cohorts();
+    if hold.keep_for().is_zero() {
+        cohorts.next(&hold.keys.lock, generation)
+    } else {
+        Next::Release
+    }
+}
+
+/// Releases through Redis, then ends the cohort: its waiters stay queued
+/// until the release is done, so that none of them races the waiter of
+/// another client the release wakes (and, within the hand-over window, they
+/// queue behind it).
+async fn release_then_dissolve(hold: &Hold, generation: u64) -> Result<(), LockError> {
+    let result = release(hold, false).await;
+    hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+    result
+}
+
+/// Ends a cohort if dropped before [`disarm`](DissolveOnDrop::disarm): a
+/// task carrying the cohort on that is dropped unfinished (its runtime
+/// shutting down) must not leave its waiters queued for nothing.
+pub(crate) struct DissolveOnDrop {
+    hold: Arc<Hold>,
+    generation: u64,
+    armed: bool,
+}
+
+impl DissolveOnDrop {
+    pub(crate) fn new(hold: &Arc<Hold>, generation: u64) -> Self {
+        DissolveOnDrop {
+            hold: Arc::clone(hold),
+            generation,
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for DissolveOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let hold = &self.hold;
+            hold.client
+                .cohorts()
+                .dissolve(&hold.keys.lock, self.generation);
+        }
+    }
+}
+
+/// [`pass_or_release`] in the background, for a dropped guard or a lock
+/// nobody holds: a release that fails goes on in the background, and one
+/// after a timed-out attempt lingers.
+pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+        spawn_release(hold, false); // logs that the ttl frees it
+        return;
+    };
+    let dissolve = DissolveOnDrop::new(&hold, generation);
+    runtime.spawn(async move {
+        let result = pass_or_release(Arc::clone(&hold), generation).await;
+        dissolve.disarm();
+        match result {
+            Err(LockError::Redis { .. }) => spawn_release(hold, true),
+            _ if hold.linger => spawn_release(hold, true),
+            _ => {}
+        }
+    });
+}
+
+/// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
+pub(crate) fn pass_to(
+    hold: Arc<Hold>,
+    generation: u64,
+    waiter: Waiter,
+) -> BoxFuture<'static, Result<(), LockError>> {
+    Box::pin(async move {
+        let client = hold.client.clone();
+        let cohorts = client.cohorts();
+        let key = &hold.keys.lock;
+        let token = match new_token() {
+            Ok(token) => token,
+            Err(error) => {
+                let _ = waiter.send(Passed::Redis);
+                cohorts.dissolve(key, generation);
+                release(&hold, false).await?;
+                return Err(error);
+            }
+        };
+        let ttl_ms = waiter.ttl_ms;
+        let sent_at = Instant::now();
+        let next = |linger| {
+            Hold::new(Acquired {
+                client: client.clone(),
+                keys: hold.keys.clone(),
+                token: token.clone(),
+                ttl: Duration::from_millis(ttl_ms),
+                renewed: false,
+                sent_at,
+                confirmed_at: Instant::now(),
+                fencing_token: None,
+                hold_at_least: None,
+                stop_on_loss: false,
+                linger,
+                expires_by: None,
+            })
+        };
+        match handoff(&hold, &token, &waiter).await {
+            Ok((fence, queued)) => {
+                cohorts.passed(key, generation, queued);
+                let passed = Passed::Lock {
+                    token: token.clone(),
+                    sent_at,
+                    fence,
+                };
+                if waiter.send(passed).is_err() {
+                    // The waiter gave up meanwhile: the lock holds a token
+                    // nobody has; pass it on, or release it.
+                    let orphan = next(false);
+                    cohorts.holds(key, generation, &orphan);
+                    pass_on(orphan, generation);
+                }
+                Ok(())
+            }
+            Err(error) => {
+                let _ = waiter.send(Passed::Redis);
+                cohorts.dissolve(key, generation);
+                if let LockError::Redis { .. } = error {
+                    // Unknown outcome: the key may hold the next token.
+                    spawn_release(next(true), true);
+                }
+                Err(error)
+            }
+        }
+    })
+}
+
+/// One `HANDOFF` round trip: the lock goes from `hold` to `next`, with the
+/// waiter's ttl and, when it asks, a fencing token. Returns the fencing
+/// token and whether waiters of other clients are queued in Redis.
+async fn handoff(
+    hold: &Hold,
+    next: &str,
+    waiter: &Waiter,
+) -> Result<(Option<u64>, bool), LockError> {
+    let retention_ms = if waiter.fencing {
+        fence_retention_ms(waiter.ttl_ms)
+    } else {
+        0
+    };
+    let mut cmd = evalsha(
+        &HANDOFF,
+        2,
+        6,
+        2 * hold.keys.lock.len() + hold.token.len() + next.len() + 48,
+    );
+    cmd.arg(&hold.keys.lock)
+        .arg(hold.keys.fence())
+        .arg(&hold.token)
+        .arg(next)
+        .arg(waiter.ttl_ms)
+        .arg(retention_ms);
+    let scripts = hold.client.scripts();
+    let reply: Vec<i64> = hold
+        .client
+        .call(hold.name(), "hand-off", |mut connection, _| {
+            let cmd = &cmd;
+            async move { run(&HANDOFF, cmd, &mut connection, scripts).await }
+        })
+        .await?;
+    let lost = |cause| LockError::Lost {
+        key: hold.name().to_owned(),
+        cause,
+    };
+    match reply.first() {
+        Some(1) => Ok((
+            waiter
+                .fencing
+                .then(|| reply.get(1).copied().unwrap_or(0) as u64),
+            reply.get(2) == Some(&1),
+        )),
+        Some(0) => Err(lost(LostCause::Expired)),
+        _ => Err(lost(LostCause::TakenOver)),
+    }
+}

@@ -1,0 +1,135 @@
+//! Releasing a lock: the release script, with retries on a fresh
+//! connection, and background releases that go on while the lock could be
+//! held.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{LockError, LostCause};
+use crate::hold::{drift_margin, Hold};
+use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
+
+/// Compare-and-delete (or, with `hold_at_least`, compare-and-keep), and wake
+/// the waiter the lock's mark names: one EVALSHA round trip on the lock key
+/// alone, retried on a fresh connection within the call's deadline.
+///
+/// `may_have_run`: an earlier release of this hold failed without an answer
+/// and may have run in Redis. Then, as for a retry within this call, finding
+/// the key gone or another holder's token in it while the lock was still
+/// valid means that earlier release did its work: not a loss.
+pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
+    let keep_ms = hold.keep_for().as_millis() as u64;
+    // Only the lock key: the wake mark in its value names the waiter to wake.
+    let script = if keep_ms > 0 {
+        &*RELEASE_KEEPING
+    } else {
+        &*RELEASE
+    };
+    let mut cmd = evalsha(script, 1, 3, hold.keys.lock.len() + hold.token.len() + 20);
+    cmd.arg(&hold.keys.lock).arg(&hold.token);
+    if keep_ms > 0 {
+        cmd.arg(keep_ms);
+    }
+    let outcome: i64 = hold
+        .client
+        .call(hold.name(), "release", |mut connection, attempt| {
+            let cmd = &cmd;
+            async move {
+                let sent_at = Instant::now();
+                let code: i64 = run(script, cmd, &mut connection, hold.client.scripts()).await?;
+                let earlier_may_have_run = may_have_run || attempt > 0;
+                Ok(
+                    if code <= 0 && earlier_may_have_run && sent_at < hold.valid_until() {
+                        1
+                    } else {
+                        code
+                    },
+                )
+            }
+        })
+        .await?;
+    let lost = |cause| LockError::Lost {
+        key: hold.name().to_owned(),
+        cause,
+    };
+    match outcome {
+        1 | 2 => {
+            tracing::debug!(lock = %hold.name(), "released");
+            if outcome == 2 {
+                hold.client.handed_over(&hold.keys.lock);
+            }
+            Ok(())
+        }
+        0 => Err(lost(LostCause::Expired)),
+        _ => Err(lost(LostCause::TakenOver)),
+    }
+}
+
+/// The first pause between background release attempts, doubled up to
+/// [`MAX_RELEASE_PAUSE`].
+const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
+const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+
+/// Releases in a background task on the current Tokio runtime, trying again
+/// after failures for as long as the lock could still be held (its key
+/// cannot outlive the last confirmed acquire or renewal by more than its
+/// ttl). Logs only what nobody is told otherwise: a release that succeeded
+/// after failures, and one given up.
+///
+/// `may_have_run`: an earlier release of this hold may have run (see
+/// [`release`]).
+pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            lock = %hold.name(),
+            "lock guard dropped outside a Tokio runtime; the lock frees itself when its ttl passes"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        let until = hold.valid_until() + drift_margin(hold.ttl) + hold.client.call_deadline();
+        let mut may_have_run = may_have_run;
+        let mut pause = FIRST_RELEASE_PAUSE;
+        let mut failures = 0u32;
+        loop {
+            match release(&hold, may_have_run).await {
+                Ok(()) | Err(LockError::Lost { .. }) => {
+                    if failures > 0 {
+                        tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
+                    }
+                    if hold.linger {
+                        linger(&hold, until).await;
+                    }
+                    return;
+                }
+                Err(error) => {
+                    failures += 1;
+                    may_have_run = true;
+                    if Instant::now() + pause >= until {
+                        tracing::warn!(
+                            lock = %hold.name(), %error, failures,
+                            "release failed and is given up: the lock frees itself when its ttl passes"
+                        );
+                        return;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RELEASE_PAUSE);
+                }
+            }
+        }
+    });
+}
+
+/// After the release of an acquisition one of whose attempts timed out: a
+/// copy of that attempt, stuck in the replaced connection, may still reach
+/// Redis and take the lock with this token, for nobody. The token is never
+/// used again, so deleting it is always safe: check for it now and then
+/// while such a lock could matter.
+async fn linger(hold: &Hold, until: Instant) {
+    let mut pause = Duration::from_millis(100);
+    while Instant::now() + pause < until {
+        tokio::time::sleep(pause).await;
+        let _ = release(hold, true).await;
+        pause = (pause * 2).min(MAX_RELEASE_PAUSE);
+    }
+}
