@@ -240,8 +240,10 @@ async fn a_passed_hold_has_its_own_ttl_and_renewal() {
             (guard, token)
         }
     });
-    // The waiter queues in the process behind the holder.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("own") == 1
+    })
+    .await;
     let first = holder.token().to_owned();
     holder.release().await.unwrap();
     let pttl: i64 = value(&redis(&server, &["PTTL", "lock:{own}"]))
@@ -375,4 +377,145 @@ fn a_guard_dropped_at_runtime_shutdown_leaves_the_client_usable() {
             guard.release().await.unwrap();
         }
     });
+}
+
+/// Makes `client` hold `key` for its cohort: the lock is first held by
+/// another client, so `client`'s acquire waits in Redis as its
+/// representative (a free lock is taken with a plain SET NX, outside any
+/// cohort, and released plainly).
+async fn cohort_holder(
+    server: &RedisServer,
+    client: &Client,
+    key: &str,
+) -> lock_runtime::LockGuard {
+    let first = Lock::new(key)
+        .client(self::client(server))
+        .acquire()
+        .await
+        .unwrap();
+    let holder = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    let queue = format!("lock:{{{key}}}:queue");
+    wait_until_async("the holder waits in Redis", LINE_TIMEOUT, || {
+        redis(server, &["LLEN", &queue]) == ":1\r\n"
+    })
+    .await;
+    first.release().await.unwrap();
+    holder.await.unwrap()
+}
+
+/// A task passed the lock in the process starts at once, before Redis has
+/// confirmed the pass (its predecessor's token is still in the key), and
+/// sends nothing for the lock until the pass is confirmed: its release
+/// waits for the `HANDOFF`, then frees the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_starts_the_next_task_before_its_round_trip() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let holder = cohort_holder(&server, &client, "early").await;
+    let (told, got) = tokio::sync::oneshot::channel();
+    let waiter = tokio::spawn({
+        let lock = Lock::new("early")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let guard = lock.acquire().await.unwrap();
+            let _ = told.send(guard.token().to_owned());
+            guard.release().await
+        }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("early") == 1
+    })
+    .await;
+    let first = holder.token().to_owned();
+    proxy.stall();
+    let release = tokio::spawn(holder.release());
+    let next = tokio::time::timeout(LINE_TIMEOUT, got)
+        .await
+        .expect("the next task starts while the HANDOFF is stalled")
+        .unwrap();
+    assert_ne!(next, first);
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{early}"])).as_deref(),
+        Some(first.as_str()),
+        "the pass is not in Redis yet"
+    );
+    // The next holder's release is sent only after its HANDOFF.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "released before its pass was confirmed"
+    );
+    assert!(!release.is_finished());
+    proxy.resume();
+    release.await.unwrap().unwrap();
+    waiter.await.unwrap().unwrap();
+    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+}
+
+/// A pass that Redis refuses (the key was no longer the passer's: here
+/// another holder's token, as after a failover that lost the key) is a loss
+/// for the task it was passed to: its body is stopped, its release reports
+/// the loss, and the other holder's key is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_redis_refuses_stops_the_next_task() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = cohort_holder(&server, &client, "refused").await;
+    let (told, started) = tokio::sync::oneshot::channel();
+    let waiter = tokio::spawn({
+        let lock = Lock::new("refused")
+            .ttl(Duration::from_secs(30))
+            .renew()
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            lock.run(async {
+                let _ = told.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+        }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("refused") == 1
+    })
+    .await;
+    redis(&server, &["SET", "lock:{refused}", "intruder"]);
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    let outcome = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("the body is stopped")
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                cause: lock_runtime::LostCause::TakenOver,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    drop(started);
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{refused}"])).as_deref(),
+        Some("intruder")
+    );
 }

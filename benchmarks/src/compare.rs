@@ -180,8 +180,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         ms(idle_rtt)
     ));
     }
-    if runs("w5") {
-        report.push_str(&w5(&runtime, &server, (2_000.0 * scale) as usize, &picked));
+    if runs("w7") {
+        report.push_str(&w7(&runtime, &server, (2_000.0 * scale) as usize, &picked));
     }
     if let Some(w4) = w4 {
         report.push_str(&w4);
@@ -193,15 +193,15 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// W5: the W3 sections by 8 tasks of one process on one client.
-fn w5(
+/// W7: the W3 sections by 8 tasks of one process on one client.
+fn w7(
     runtime: &tokio::runtime::Runtime,
     server: &RedisServer,
     sections: usize,
     picked: &impl Fn(&Kind) -> bool,
 ) -> String {
     let mut report = format!(
-        "\n### W5: one process, {CONTENDERS} tasks on one client (one connection), {sections} sections of ~1 ms on one key\n\n"
+        "\n### W7: one process, {CONTENDERS} tasks on one client (one connection), {sections} sections of ~1 ms on one key\n\n"
     );
     report.push_str("| implementation | sections/s | × best polling | lock idle per hand-off p50 / p99 | wait p50 / p99 / max | busiest | Redis CPU per section | counter |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     let results: Vec<(Kind, Contention)> = W3_KINDS
@@ -543,7 +543,7 @@ async fn section(
 
 const CONTENDERS: usize = 8;
 
-/// W3 (`shared` false: each contender its own client or connection) and W5
+/// W3 (`shared` false: each contender its own client or connection) and W7
 /// (`shared`: every contender on one client, as the tasks of one process
 /// handling requests for one hot key).
 async fn w3(

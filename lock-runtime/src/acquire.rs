@@ -8,7 +8,7 @@ use crate::cohort::{wait_for_pass, Joined, Passed};
 use crate::connection::retryable;
 use crate::error::LockError;
 use crate::guard::{LockGuard, OnLost};
-use crate::hold::{Acquired, Hold};
+use crate::hold::{Acquired, Hold, PendingPass};
 use crate::keys::LockKeys;
 use crate::local_handoff::pass_on;
 use crate::lock::Lock;
@@ -125,10 +125,17 @@ impl Drop for Queued<'_> {
         // Closed first: a pass sent from now on fails, and its sender
         // passes the lock on; one sent before is here.
         self.receiver.close();
-        if let Ok(Passed::Lock { token, sent_at, .. }) = self.receiver.try_recv() {
+        if let Ok(Passed::Lock {
+            token,
+            sent_at,
+            pass,
+            ..
+        }) = self.receiver.try_recv()
+        {
             let hold = Hold::new(Acquired {
                 hold_at_least: None,
                 renewed: false,
+                pass,
                 ..acquisition.acquired(token, sent_at, None)
             });
             acquisition
@@ -251,9 +258,10 @@ impl Acquisition<'_> {
                     token,
                     sent_at,
                     fence,
+                    pass,
                 }) => {
                     queued.id = u64::MAX; // nothing to leave
-                    let mut guard = self.guard(token, sent_at, None, fence, false);
+                    let mut guard = self.guard(token, sent_at, None, fence, false, pass);
                     cohorts.holds(key, generation, guard.hold());
                     guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
@@ -386,12 +394,14 @@ impl Acquisition<'_> {
         expires_by: Option<Instant>,
         fencing_token: Option<u64>,
         linger: bool,
+        pass: Option<Arc<PendingPass>>,
     ) -> LockGuard {
         let settings = self.lock.settings();
         tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             linger,
             expires_by,
+            pass,
             ..self.acquired(token, sent_at, fencing_token)
         });
         let renewal = settings.renew.then(|| {
@@ -418,6 +428,7 @@ impl Acquisition<'_> {
             stop_on_loss: settings.on_lost == OnLost::Stop,
             linger: false,
             expires_by: None,
+            pass: None,
         }
     }
 
@@ -665,6 +676,7 @@ impl<'a> Unknown<'a> {
             expires_by,
             fence,
             self.stalled,
+            None,
         )
     }
 }

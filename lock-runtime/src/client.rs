@@ -13,6 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::cohort::Cohorts;
 use crate::connection::Connection;
 use crate::error::LockError;
+use crate::keys::LockKeys;
 use crate::notify::Notifier;
 use crate::redact::redact_url;
 use crate::renewal::{RenewalStats, Renewer};
@@ -226,6 +227,15 @@ impl Client {
     /// Counters of this client's renewal driver.
     pub fn renewal_stats(&self) -> RenewalStats {
         self.inner.renewer.stats()
+    }
+
+    /// How many tasks of this client wait in the process for the lock
+    /// `name`, queued behind the one of them that holds it or waits for it
+    /// in Redis (see the README's "In-process hand-off"). 0 for an invalid
+    /// name.
+    pub fn waiting_in_process(&self, name: &str) -> usize {
+        LockKeys::new(self.key_prefix(), name)
+            .map_or(0, |keys| self.inner.cohorts.waiting(&keys.lock))
     }
 
     pub(crate) fn cohorts(&self) -> &Cohorts {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::LostCause;
-use crate::hold::Hold;
+use crate::hold::{Hold, PendingPass};
 
 /// Local passes in a row while waiters of other clients are queued.
 pub(crate) const MAX_PASSES_WHILE_QUEUED: u32 = 4;
@@ -79,11 +79,13 @@ impl Waiter {
 #[derive(Debug)]
 pub(crate) enum Passed {
     /// The lock is its own: this token is in the key, set at `sent_at` with
-    /// its ttl.
+    /// its ttl; or, with `pass`, will be once Redis confirms the pass (the
+    /// key holds the predecessor's token meanwhile).
     Lock {
         token: String,
         sent_at: Instant,
         fence: Option<u64>,
+        pass: Option<Arc<PendingPass>>,
     },
     /// No local hand-off: try through Redis.
     Redis,
@@ -133,6 +135,13 @@ impl Cohorts {
     /// for the others (a cohort exists).
     pub(crate) fn exists(&self, key: &str) -> bool {
         self.by_key().contains_key(key)
+    }
+
+    /// How many tasks wait in the cohort of `key`.
+    pub(crate) fn waiting(&self, key: &str) -> usize {
+        self.by_key()
+            .get(key)
+            .map_or(0, |cohort| cohort.waiters.len())
     }
 
     /// Joins the cohort of `key`.

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use crate::acquire::fence_retention_ms;
 use crate::cohort::{Next, Passed, Waiter};
 use crate::error::{LockError, LostCause};
-use crate::hold::{Acquired, Hold};
+use crate::hold::{Acquired, Hold, PendingPass};
 use crate::release::{release, spawn_release};
 use crate::scripts::{evalsha, run, HANDOFF};
 use crate::token::new_token;
@@ -22,6 +22,9 @@ use crate::token::new_token;
 /// cohort; or, with nobody waiting here, releases it.
 fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
+        // After this hold's own pass is confirmed, so that the count of
+        // passes `next_step` reads includes it.
+        let _ = hold.settle_pass().await;
         match next_step(&hold, generation) {
             Next::Pass(waiter) => pass_to(hold, generation, waiter).await,
             Next::Release => release_then_dissolve(&hold, generation).await,
@@ -107,6 +110,14 @@ pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
 }
 
 /// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
+///
+/// A waiter that needs no fencing token is told at once, before the
+/// `HANDOFF` is sent ("early pass"): the key holds this process's token
+/// either way, so the next task starts without waiting for a round trip;
+/// its validity is `hold`'s until Redis confirms the pass, and its hold
+/// sends nothing to Redis before then. Only when `hold` is valid for longer
+/// than the `HANDOFF` call can take: its outcome is known before that
+/// validity ends.
 pub(crate) fn pass_to(
     hold: Arc<Hold>,
     generation: u64,
@@ -116,6 +127,16 @@ pub(crate) fn pass_to(
         let client = hold.client.clone();
         let cohorts = client.cohorts();
         let key = &hold.keys.lock;
+        let lost = |cause| LockError::Lost {
+            key: hold.name().to_owned(),
+            cause,
+        };
+        // This hold's own pass must be in Redis before its token is used.
+        if let Some(cause) = hold.settle_pass().await {
+            let _ = waiter.send(Passed::Redis);
+            cohorts.dissolve(key, generation);
+            return Err(lost(cause));
+        }
         let token = match new_token() {
             Ok(token) => token,
             Err(error) => {
@@ -141,27 +162,66 @@ pub(crate) fn pass_to(
                 stop_on_loss: false,
                 linger,
                 expires_by: None,
+                pass: None,
             })
         };
-        match handoff(&hold, &token, &waiter).await {
-            Ok((fence, queued)) => {
-                cohorts.passed(key, generation, queued);
-                let passed = Passed::Lock {
+        // (Not `remaining()`: the hold is marked released already.)
+        let left = hold.valid_until().saturating_duration_since(Instant::now());
+        let early = !waiter.fencing && left > client.call_deadline();
+        let pass = early.then(|| PendingPass::new(hold.valid_until()));
+        let waiter = match &pass {
+            Some(pass) => {
+                let told = waiter.send(Passed::Lock {
                     token: token.clone(),
                     sent_at,
-                    fence,
-                };
-                if waiter.send(passed).is_err() {
-                    // The waiter gave up meanwhile: the lock holds a token
-                    // nobody has; pass it on, or release it.
-                    let orphan = next(false);
-                    cohorts.holds(key, generation, &orphan);
-                    pass_on(orphan, generation);
+                    fence: None,
+                    pass: Some(Arc::clone(pass)),
+                });
+                if told.is_err() {
+                    // The waiter gave up: nothing was sent, the lock is
+                    // still this hold's. Pass it to the next one, or release.
+                    return pass_or_release(hold, generation).await;
+                }
+                None
+            }
+            None => Some(waiter),
+        };
+        let fencing = waiter.as_ref().is_some_and(|waiter| waiter.fencing);
+        match handoff(&hold, &token, ttl_ms, fencing).await {
+            Ok((fence, queued)) => {
+                cohorts.passed(key, generation, queued);
+                match (pass, waiter) {
+                    (Some(pass), _) => pass.confirm(),
+                    (None, Some(waiter)) => {
+                        let passed = Passed::Lock {
+                            token: token.clone(),
+                            sent_at,
+                            fence,
+                            pass: None,
+                        };
+                        if waiter.send(passed).is_err() {
+                            // The waiter gave up meanwhile: the lock holds a
+                            // token nobody has; pass it on, or release it.
+                            let orphan = next(false);
+                            cohorts.holds(key, generation, &orphan);
+                            pass_on(orphan, generation);
+                        }
+                    }
+                    (None, None) => {}
                 }
                 Ok(())
             }
             Err(error) => {
-                let _ = waiter.send(Passed::Redis);
+                match (&pass, waiter) {
+                    (Some(pass), _) => pass.fail(match &error {
+                        LockError::Lost { cause, .. } => *cause,
+                        _ => LostCause::NotRenewed,
+                    }),
+                    (None, Some(waiter)) => {
+                        let _ = waiter.send(Passed::Redis);
+                    }
+                    (None, None) => {}
+                }
                 cohorts.dissolve(key, generation);
                 if let LockError::Redis { .. } = error {
                     // Unknown outcome: the key may hold the next token.
@@ -179,10 +239,11 @@ pub(crate) fn pass_to(
 async fn handoff(
     hold: &Hold,
     next: &str,
-    waiter: &Waiter,
+    ttl_ms: u64,
+    fencing: bool,
 ) -> Result<(Option<u64>, bool), LockError> {
-    let retention_ms = if waiter.fencing {
-        fence_retention_ms(waiter.ttl_ms)
+    let retention_ms = if fencing {
+        fence_retention_ms(ttl_ms)
     } else {
         0
     };
@@ -196,7 +257,7 @@ async fn handoff(
         .arg(hold.keys.fence())
         .arg(&hold.token)
         .arg(next)
-        .arg(waiter.ttl_ms)
+        .arg(ttl_ms)
         .arg(retention_ms);
     let scripts = hold.client.scripts();
     let reply: Vec<i64> = hold
@@ -212,9 +273,7 @@ async fn handoff(
     };
     match reply.first() {
         Some(1) => Ok((
-            waiter
-                .fencing
-                .then(|| reply.get(1).copied().unwrap_or(0) as u64),
+            fencing.then(|| reply.get(1).copied().unwrap_or(0) as u64),
             reply.get(2) == Some(&1),
         )),
         Some(0) => Err(lost(LostCause::Expired)),

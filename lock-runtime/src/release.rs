@@ -18,6 +18,13 @@ use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
 /// the key gone or another holder's token in it while the lock was still
 /// valid means that earlier release did its work: not a loss.
 pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
+    // A hold passed ahead of its `HANDOFF`: after it, or not at all.
+    if let Some(cause) = hold.settle_pass().await {
+        return Err(LockError::Lost {
+            key: hold.name().to_owned(),
+            cause,
+        });
+    }
     let keep_ms = hold.keep_for().as_millis() as u64;
     // Only the lock key: the wake mark in its value names the waiter to wake.
     let script = if keep_ms > 0 {
