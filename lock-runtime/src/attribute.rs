@@ -7,7 +7,7 @@ use std::future::Future;
 
 use crate::client::Client;
 use crate::error::LockError;
-use crate::lock::Lock;
+use crate::fronts::lock::Lock;
 
 /// The client named by `client = <expr>`: the expansion passes `&(expr)`, so
 /// the expression's owner is only borrowed (the body can still use `app` after

@@ -1,22 +1,19 @@
 //! The Redis client: configuration, the process-wide default client and the
 //! one place that applies deadlines to Redis calls.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
-use once_cell::sync::{Lazy, OnceCell};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 
-use crate::cohort::Cohorts;
-use crate::connection::Connection;
+use crate::backend::SingleNode;
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::notify::Notifier;
+use crate::lease::renewal::RenewalStats;
+use crate::lease::Core;
+use crate::backend::Notifier;
 use crate::redact::redact_url;
-use crate::renewal::{RenewalStats, Renewer};
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -143,19 +140,9 @@ pub struct Client {
 
 struct ClientInner {
     config: Config,
-    connection: Arc<Connection>,
-    renewer: Arc<Renewer>,
-    notifier: Arc<Notifier>,
-    /// Keys this client released lately while a waiter queued: its next
-    /// request for such a key lets that waiter go first.
-    handed_over: Mutex<HashMap<String, Instant>>,
-    /// This client's tasks waiting in the process for a key it holds.
-    cohorts: Cohorts,
+    /// The backend and everything the client's leases share.
+    core: Arc<Core>,
 }
-
-/// How long after handing a lock over to a waiter this client's own next
-/// request for it lets the waiter go first.
-const HAND_OVER_WINDOW: Duration = Duration::from_millis(50);
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -194,8 +181,8 @@ impl Client {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
-        let connection =
-            Connection::new(redis_client.clone(), manager_config, call_deadline(&config)).map_err(
+        let backend =
+            SingleNode::new(redis_client.clone(), manager_config, call_deadline(&config)).map_err(
                 |error| {
                     LockError::config(format!(
                         "cannot set up the Redis client for `{}`: {}",
@@ -204,18 +191,10 @@ impl Client {
                     ))
                 },
             )?;
-        let connection = Arc::new(connection);
-        let renewer = Renewer::new(Arc::clone(&connection));
         let notifier = Notifier::new(redis_client.clone(), call_deadline(&config))?;
+        let core = Core::new(Arc::new(backend), notifier, config.key_prefix.clone());
         Ok(Client {
-            inner: Arc::new(ClientInner {
-                config,
-                connection,
-                renewer,
-                notifier,
-                handed_over: Mutex::new(HashMap::new()),
-                cohorts: Cohorts::default(),
-            }),
+            inner: Arc::new(ClientInner { config, core }),
         })
     }
 
@@ -226,7 +205,7 @@ impl Client {
 
     /// Counters of this client's renewal driver.
     pub fn renewal_stats(&self) -> RenewalStats {
-        self.inner.renewer.stats()
+        self.inner.core.renewer().stats()
     }
 
     /// How many tasks of this client wait in the process for the lock
@@ -235,84 +214,17 @@ impl Client {
     /// name.
     pub fn waiting_in_process(&self, name: &str) -> usize {
         LockKeys::new(self.key_prefix(), name)
-            .map_or(0, |keys| self.inner.cohorts.waiting(&keys.lock))
+            .map_or(0, |keys| self.inner.core.cohorts().waiting(&keys.lock))
     }
 
-    pub(crate) fn cohorts(&self) -> &Cohorts {
-        &self.inner.cohorts
-    }
-
-    pub(crate) fn notifier(&self) -> &Arc<Notifier> {
-        &self.inner.notifier
-    }
-
-    /// A release of `key` woke a waiter.
-    pub(crate) fn handed_over(&self, key: &str) {
-        let mut handed_over = self
-            .inner
-            .handed_over
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        handed_over.retain(|_, at| now.duration_since(*at) < HAND_OVER_WINDOW);
-        handed_over.insert(key.to_owned(), now);
-    }
-
-    /// Whether this client handed `key` over to a waiter just now; if so, its
-    /// next request should queue behind that waiter rather than race it.
-    pub(crate) fn just_handed_over(&self, key: &str) -> bool {
-        let mut handed_over = self
-            .inner
-            .handed_over
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        handed_over
-            .remove(key)
-            .is_some_and(|at| at.elapsed() < HAND_OVER_WINDOW)
-    }
-
-    /// Whether both handles share one connection (the same client).
-    pub(crate) fn same(&self, other: &Client) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
-    pub(crate) fn renewer(&self) -> Arc<Renewer> {
-        Arc::clone(&self.inner.renewer)
+    /// What this client's leases share: its backend, renewal driver,
+    /// notifier and cohorts.
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
     }
 
     pub(crate) fn key_prefix(&self) -> &str {
         &self.inner.config.key_prefix
-    }
-
-    /// The scripts this client had Redis run.
-    pub(crate) fn scripts(&self) -> &crate::scripts::ScriptsSent {
-        self.inner.connection.scripts()
-    }
-
-    /// The longest one Redis call may take before it fails with a timeout.
-    pub(crate) fn call_deadline(&self) -> Duration {
-        call_deadline(&self.inner.config)
-    }
-
-    /// Runs one Redis call that is safe to repeat under the client's
-    /// deadline, retried on a fresh connection when the connection fails
-    /// (see [`Connection::call`]); no call can hang however the connection
-    /// misbehaves.
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
-        key: &str,
-        operation: &'static str,
-        attempt: F,
-    ) -> Result<T, LockError>
-    where
-        F: FnMut(ConnectionManager, u32) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        self.inner
-            .connection
-            .call(attempt)
-            .await
-            .map_err(|source| LockError::redis(key, operation, source))
     }
 }
 
@@ -321,25 +233,13 @@ fn call_deadline(config: &Config) -> Duration {
     config.connect_timeout + config.response_timeout
 }
 
-/// Runs one Redis call, failing with an I/O `TimedOut` error when it takes
-/// longer than `deadline`.
-pub(crate) async fn within<T>(
-    deadline: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(deadline, call).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(crate::connection::timed_out(deadline)),
-    }
-}
-
-static GLOBAL_CONFIG: OnceCell<Config> = OnceCell::new();
+static GLOBAL_CONFIG: OnceLock<Config> = OnceLock::new();
 /// The process-wide clients, one per Tokio runtime that used them: a
 /// connection's I/O task lives on the runtime that opened it and dies with
 /// it, so a program with several runtimes (or a test suite where each
 /// `#[tokio::test]` has its own) gets a working connection on each.
-static GLOBAL_CLIENTS: Lazy<Mutex<Vec<(tokio::runtime::Id, Client)>>> =
-    Lazy::new(|| Mutex::new(Vec::new()));
+static GLOBAL_CLIENTS: LazyLock<Mutex<Vec<(tokio::runtime::Id, Client)>>> =
+    LazyLock::new(|| Mutex::new(Vec::new()));
 
 /// Configures the process-wide client with the Redis at `url`.
 ///

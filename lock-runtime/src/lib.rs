@@ -15,23 +15,17 @@
 //! the README for every argument, and `docs/design.md` for the Redis layout,
 //! the scripts and the failure cases they handle.
 
-mod acquire;
+// Layers, each using only those below it: the public fronts (`fronts`:
+// `Lock`, its guard), the client, the lease machinery every lock kind shares
+// (`lease`), and the backend (`backend`: every Redis call and its replies).
+mod backend;
 mod client;
-mod cohort;
-mod connection;
 mod error;
-mod guard;
-mod hold;
+mod fronts;
 mod keys;
-mod local_handoff;
-mod lock;
-mod notify;
+mod lease;
 mod redact;
-mod release;
-mod renewal;
-mod scripts;
 mod token;
-mod watch;
 
 #[doc(hidden)]
 #[path = "attribute.rs"]
@@ -39,9 +33,9 @@ pub mod __private;
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{LockError, LostCause};
-pub use guard::{LockGuard, OnLost};
+pub use fronts::guard::{LockGuard, OnLost};
 pub use keys::MAX_KEY_LEN;
-pub use lock::{Lock, MIN_RENEWED_TTL};
+pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
 pub use lock_macros::distributed_lock;
-pub use renewal::RenewalStats;
-pub use watch::{current, HeldLock};
+pub use lease::renewal::RenewalStats;
+pub use lease::watch::{current, HeldLock};

@@ -3,20 +3,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
-use crate::cohort::{wait_for_pass, Joined, Passed};
-use crate::connection::retryable;
+use crate::lease::cohort::{wait_for_pass, Joined, Passed};
+use crate::backend::{retryable, Acquire, AcquireRequest};
 use crate::error::LockError;
-use crate::guard::{LockGuard, OnLost};
-use crate::hold::{Acquired, Hold, PendingPass};
+use crate::fronts::guard::{LockGuard, OnLost};
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
 use crate::keys::LockKeys;
-use crate::local_handoff::pass_on;
-use crate::lock::Lock;
-use crate::notify::wait_for;
-use crate::release::spawn_release;
-use crate::scripts::{evalsha, run, ACQUIRE, LEAVE};
+use crate::lease::local_handoff::pass_on;
+use crate::fronts::lock::Lock;
+use crate::backend::wait_for;
+use crate::lease::release::spawn_release;
+
 use crate::token::new_token;
-use crate::watch::{Entry, Scope};
+use crate::lease::watch::{Entry, Scope};
+use crate::lease::Core;
 
 /// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
@@ -25,14 +25,6 @@ pub(crate) const WAITER_TIMEOUT: Duration = Duration::from_secs(2);
 const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 /// The longest a waiter sleeps without news when Redis gave no expiry.
 const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
-/// Fencing counters live at least this long after their last acquisition.
-const FENCE_RETENTION: Duration = Duration::from_secs(60);
-
-/// How long a fencing counter is kept after an acquisition with `ttl_ms`:
-/// max(60 s, ttl).
-pub(crate) fn fence_retention_ms(ttl_ms: u64) -> u64 {
-    (FENCE_RETENTION.as_millis() as u64).max(ttl_ms)
-}
 /// A waiter whose attempt failed on the connection tries again after this
 /// long (doubled up to the refresh interval), while its wait lasts.
 const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
@@ -40,7 +32,7 @@ const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
 /// One call of `acquire` / `try_acquire`, with everything resolved.
 pub(crate) struct Acquisition<'a> {
     pub(crate) lock: &'a Lock,
-    pub(crate) client: Client,
+    pub(crate) core: Arc<Core>,
     pub(crate) keys: LockKeys,
     pub(crate) ttl_ms: u64,
     /// The innermost scope of the same lock up this task's call chain.
@@ -73,7 +65,7 @@ impl Representative<'_> {
         self.kept = true;
         let acquisition = self.acquisition;
         acquisition
-            .client
+            .core
             .cohorts()
             .holds(&acquisition.keys.lock, self.generation, guard.hold());
         guard.cohort = Some(self.generation);
@@ -83,7 +75,7 @@ impl Representative<'_> {
     pub(crate) fn heartbeat(&self) {
         let acquisition = self.acquisition;
         acquisition
-            .client
+            .core
             .cohorts()
             .heartbeat(&acquisition.keys.lock, self.generation);
     }
@@ -94,7 +86,7 @@ impl Drop for Representative<'_> {
         if !self.kept {
             let acquisition = self.acquisition;
             acquisition
-                .client
+                .core
                 .cohorts()
                 .dissolve(&acquisition.keys.lock, self.generation);
         }
@@ -119,7 +111,7 @@ impl Drop for Queued<'_> {
         }
         let acquisition = self.acquisition;
         acquisition
-            .client
+            .core
             .cohorts()
             .leave(&acquisition.keys.lock, self.id);
         // Closed first: a pass sent from now on fails, and its sender
@@ -139,7 +131,7 @@ impl Drop for Queued<'_> {
                 ..acquisition.acquired(token, sent_at, None)
             });
             acquisition
-                .client
+                .core
                 .cohorts()
                 .holds(&acquisition.keys.lock, self.generation, &hold);
             pass_on(hold, self.generation);
@@ -228,7 +220,7 @@ impl Acquisition<'_> {
         started: Instant,
         wait: Duration,
     ) -> Result<Cohort<'_>, LockError> {
-        let cohorts = self.client.cohorts();
+        let cohorts = self.core.cohorts();
         let key = &self.keys.lock;
         let fencing = self.lock.settings().fencing;
         let mut dissolved = false;
@@ -297,7 +289,7 @@ impl Acquisition<'_> {
     /// holder that releases and asks again at once does not snatch the lock
     /// back from the waiter it just woke).
     pub(crate) fn respects_queue(&self) -> bool {
-        self.lock.settings().fair || self.client.just_handed_over(&self.keys.lock)
+        self.lock.settings().fair || self.core.just_handed_over(&self.keys.lock)
     }
 
     /// Waits for the lock (from `started`, for `wait`), in the queue of
@@ -315,10 +307,10 @@ impl Acquisition<'_> {
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
-        let notifier = self.client.notifier();
+        let notifier = self.core.notifier();
         let member = format!("{}|{token}", notifier.channel());
         let mut place = QueuePlace {
-            client: &self.client,
+            core: &self.core,
             keys: &self.keys,
             member: member.clone(),
             left: false,
@@ -329,7 +321,7 @@ impl Acquisition<'_> {
         loop {
             let notified = subscription
                 .as_ref()
-                .map(crate::notify::Subscription::notified);
+                .map(crate::backend::Subscription::notified);
             let expires_in = match self.attempt(&mut unknown, &member, true, respect).await {
                 Ok(Attempt::Acquired(fence, found)) => {
                     place.left = true; // the acquire script took it out of the queue
@@ -406,7 +398,7 @@ impl Acquisition<'_> {
         });
         let renewal = settings.renew.then(|| {
             let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
-            self.client
+            self.core
                 .renewer()
                 .register(Arc::clone(&hold), renew_until)
         });
@@ -416,7 +408,7 @@ impl Acquisition<'_> {
     fn acquired(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> Acquired {
         let settings = self.lock.settings();
         Acquired {
-            client: self.client.clone(),
+            core: Arc::clone(&self.core),
             keys: self.keys.clone(),
             token,
             ttl: settings.ttl,
@@ -432,9 +424,12 @@ impl Acquisition<'_> {
         }
     }
 
-    /// One attempt, one round trip: a plain `SET NX PX` when the attempt
-    /// neither joins nor respects the waiters' queue, needs no fencing token
-    /// and follows no attempt of unknown outcome; else the acquire script.
+    /// One attempt, one round trip (see [`Backend::acquire`]: a plain `SET
+    /// NX PX` when the attempt neither joins nor respects the waiters'
+    /// queue, needs no fencing token and follows no attempt of unknown
+    /// outcome; else the acquire script).
+    ///
+    /// [`Backend::acquire`]: crate::backend::Backend::acquire
     async fn attempt(
         &self,
         unknown: &mut Unknown<'_>,
@@ -445,19 +440,21 @@ impl Acquisition<'_> {
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();
         let fencing = self.lock.settings().fencing;
-        let token = unknown.token;
-        let result = if join_queue || respect_queue || fencing || earlier_unknown {
-            Box::pin(self.script_attempt(
-                token,
-                member,
-                join_queue,
-                respect_queue,
-                fencing,
-                earlier_unknown,
-            ))
-            .await
-        } else {
-            self.set_if_free(token).await
+        let request = AcquireRequest {
+            keys: &self.keys,
+            token: unknown.token,
+            ttl_ms: self.ttl_ms,
+            fence_retention_ms: fencing.then(|| fence_retention_ms(self.ttl_ms)),
+            member,
+            join: join_queue,
+            respect: respect_queue,
+            mine: earlier_unknown,
+            waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
+        };
+        let result = match self.core.backend().acquire(request).await {
+            Ok(Acquire::Acquired { fence, found }) => Ok(Attempt::Acquired(fence, found)),
+            Ok(Acquire::Busy { expires_in }) => Ok(Attempt::Busy(expires_in)),
+            Err(error) => Err(error),
         };
         match &result {
             // The script (after an attempt of unknown outcome) or SET NX
@@ -473,136 +470,6 @@ impl Acquisition<'_> {
             _ => {}
         }
         result
-    }
-
-    /// `SET key token NX PX ttl`: what an uncontended lock costs. Retried
-    /// within the call, it becomes the acquire script, which recognises a
-    /// lock the first attempt took.
-    async fn set_if_free(&self, token: &str) -> Result<Attempt, LockError> {
-        let bytes = self.keys.lock.len() + token.len() + 32;
-        let mut set = redis::Cmd::with_capacity(6, bytes);
-        set.arg("SET")
-            .arg(&self.keys.lock)
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.ttl_ms);
-        let set = &set;
-        self.client
-            .call(
-                self.lock.name_str(),
-                "acquire",
-                |mut connection, attempt| async move {
-                    if attempt > 0 {
-                        let reply = self
-                            .script_call(&mut connection, token, "", false, false, false, true)
-                            .await?;
-                        return Ok(Attempt::from_script(&reply, false));
-                    }
-                    match set.query_async(&mut connection).await? {
-                        redis::Value::Okay => Ok(Attempt::Acquired(None, None)),
-                        redis::Value::SimpleString(ok) if ok == "OK" => {
-                            Ok(Attempt::Acquired(None, None))
-                        }
-                        redis::Value::Nil => Ok(Attempt::Busy(None)),
-                        // Not what Redis answers SET NX; an unknown outcome (the
-                        // caller cleans up a lock it may hold).
-                        other => Err(redis::RedisError::from((
-                            redis::ErrorKind::UnexpectedReturnType,
-                            "unexpected reply to SET NX PX",
-                            format!("{other:?}"),
-                        ))),
-                    }
-                },
-            )
-            .await
-    }
-
-    /// The acquire script: the queue, and the fencing token. `earlier_unknown`:
-    /// an earlier attempt with this token may have taken the lock.
-    async fn script_attempt(
-        &self,
-        token: &str,
-        member: &str,
-        join_queue: bool,
-        respect_queue: bool,
-        fencing: bool,
-        earlier_unknown: bool,
-    ) -> Result<Attempt, LockError> {
-        self.client
-            .call(
-                self.lock.name_str(),
-                "acquire",
-                |mut connection, attempt| async move {
-                    let mine = earlier_unknown || attempt > 0;
-                    let reply = self
-                        .script_call(
-                            &mut connection,
-                            token,
-                            member,
-                            join_queue,
-                            respect_queue,
-                            fencing,
-                            mine,
-                        )
-                        .await?;
-                    Ok(Attempt::from_script(&reply, fencing))
-                },
-            )
-            .await
-    }
-
-    /// One call of the acquire script; `mine`: first check whether the lock
-    /// already holds `token` (taken by an attempt whose answer was lost).
-    #[allow(clippy::too_many_arguments)]
-    async fn script_call(
-        &self,
-        connection: &mut redis::aio::ConnectionManager,
-        token: &str,
-        member: &str,
-        join_queue: bool,
-        respect_queue: bool,
-        fencing: bool,
-        mine: bool,
-    ) -> redis::RedisResult<Vec<i64>> {
-        let waiter_timeout_ms = WAITER_TIMEOUT.as_millis() as u64;
-        // 0: no fencing token.
-        let retention_ms = if fencing {
-            fence_retention_ms(self.ttl_ms)
-        } else {
-            0
-        };
-        let lock_key = self.keys.lock.len();
-        let bytes = 4 * lock_key + 24 + token.len() + 62 + member.len();
-        let mut cmd = evalsha(&ACQUIRE, 4, 12, bytes);
-        cmd.arg(&self.keys.lock)
-            .arg(self.keys.fence())
-            .arg(self.keys.queue())
-            .arg(self.keys.waiters())
-            .arg(token)
-            .arg(self.ttl_ms)
-            .arg(retention_ms)
-            .arg(waiter_timeout_ms)
-            .arg(u8::from(join_queue))
-            .arg(u8::from(respect_queue))
-            .arg(member)
-            .arg(u8::from(mine));
-        run(&ACQUIRE, &cmd, connection, self.client.scripts()).await
-    }
-}
-
-impl Attempt {
-    /// `{1, fence}` acquired; `{1, fence, pttl}` found already taken with
-    /// this token; `{0, pttl}` busy.
-    fn from_script(reply: &[i64], fencing: bool) -> Attempt {
-        let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
-        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
-        if at(0) == 1 {
-            let found = (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO));
-            Attempt::Acquired(fencing.then_some(at(1) as u64), found)
-        } else {
-            Attempt::Busy(millis(at(1)))
-        }
     }
 }
 
@@ -702,7 +569,7 @@ impl Drop for Unknown<'_> {
 /// A waiter's place in the queue, given up when it stops waiting without
 /// the lock (timed out, failed or cancelled).
 struct QueuePlace<'a> {
-    client: &'a Client,
+    core: &'a Arc<Core>,
     keys: &'a LockKeys,
     member: String,
     left: bool,
@@ -716,24 +583,10 @@ impl Drop for QueuePlace<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // the place expires after WAITER_TIMEOUT
         };
-        let (client, keys, member) = (self.client.clone(), self.keys.clone(), self.member.clone());
+        let (core, keys, member) = (Arc::clone(self.core), self.keys.clone(), self.member.clone());
         runtime.spawn(async move {
-            let mut cmd = evalsha(&LEAVE, 3, 4, 3 * keys.lock.len() + 16 + member.len());
-            cmd.arg(&keys.lock)
-                .arg(keys.queue())
-                .arg(keys.waiters())
-                .arg(&member);
-            let (cmd, scripts) = (&cmd, client.scripts());
             // Best effort: a place not given up expires after WAITER_TIMEOUT.
-            let _ = client
-                .call(
-                    keys.name(),
-                    "leave the queue",
-                    |mut connection, _| async move {
-                        run::<i64>(&LEAVE, cmd, &mut connection, scripts).await
-                    },
-                )
-                .await;
+            let _ = core.backend().leave(&keys, &member).await;
         });
     }
 }

@@ -24,7 +24,7 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, RetryMethod};
 
-use crate::scripts::ScriptsSent;
+use super::scripts::ScriptsSent;
 
 /// The first pause before a retry; doubled up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(5);
@@ -69,6 +69,11 @@ impl Connection {
 
     pub(crate) fn scripts(&self) -> &ScriptsSent {
         &self.scripts
+    }
+
+    /// The longest one call may take, its retries included.
+    pub(crate) fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// Replaces the connection `stale` (one that let a call time out) with a
@@ -148,4 +153,16 @@ pub(crate) fn timed_out(deadline: Duration) -> RedisError {
         format!("no answer within {deadline:?}"),
     )
     .into()
+}
+
+/// Runs one Redis call, failing with an I/O `TimedOut` error when it takes
+/// longer than `deadline`.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(deadline, call).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(timed_out(deadline)),
+    }
 }

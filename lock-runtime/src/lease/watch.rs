@@ -13,9 +13,9 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::futures::TaskLocalFuture;
 
-use crate::client::Client;
+use crate::lease::Core;
 use crate::error::LostCause;
-use crate::hold::Hold;
+use crate::lease::hold::Hold;
 use crate::keys::LockKeys;
 
 /// A body running under a held lock: the locks held up this task's call
@@ -145,12 +145,12 @@ fn this_task() -> u64 {
 
 /// The innermost scope of this lock (same client, same key) up this task's
 /// call chain, if any.
-pub(crate) fn held_in_this_task(client: &Client, keys: &LockKeys) -> Option<Arc<Scope>> {
+pub(crate) fn held_in_this_task(core: &Arc<Core>, keys: &LockKeys) -> Option<Arc<Scope>> {
     CURRENT
         .try_with(|scope| {
             let mut scope = Some(scope);
             while let Some(current) = scope {
-                if current.hold.same_lock(client, keys) {
+                if current.hold.same_lock(core, keys) {
                     return (current.task() == this_task()).then(|| Arc::clone(current));
                 }
                 scope = current.outer.as_ref();

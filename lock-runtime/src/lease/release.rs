@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{LockError, LostCause};
-use crate::hold::{drift_margin, Hold};
-use crate::scripts::{evalsha, run, RELEASE, RELEASE_KEEPING};
+use crate::backend::Found;
+use crate::lease::hold::{drift_margin, Hold};
+
 
 /// Compare-and-delete (or, with `hold_at_least`, compare-and-keep), and wake
-/// the waiter the lock's mark names: one EVALSHA round trip on the lock key
-/// alone, retried on a fresh connection within the call's deadline.
+/// the waiter the lock's mark names: one backend round trip, retried on a
+/// fresh connection within the call's deadline.
 ///
 /// `may_have_run`: an earlier release of this hold failed without an answer
 /// and may have run in Redis. Then, as for a retry within this call, finding
@@ -26,49 +27,37 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
         });
     }
     let keep_ms = hold.keep_for().as_millis() as u64;
-    // Only the lock key: the wake mark in its value names the waiter to wake.
-    let script = if keep_ms > 0 {
-        &*RELEASE_KEEPING
-    } else {
-        &*RELEASE
-    };
-    let mut cmd = evalsha(script, 1, 3, hold.keys.lock.len() + hold.token.len() + 20);
-    cmd.arg(&hold.keys.lock).arg(&hold.token);
-    if keep_ms > 0 {
-        cmd.arg(keep_ms);
-    }
-    let outcome: i64 = hold
-        .client
-        .call(hold.name(), "release", |mut connection, attempt| {
-            let cmd = &cmd;
-            async move {
-                let sent_at = Instant::now();
-                let code: i64 = run(script, cmd, &mut connection, hold.client.scripts()).await?;
-                let earlier_may_have_run = may_have_run || attempt > 0;
-                Ok(
-                    if code <= 0 && earlier_may_have_run && sent_at < hold.valid_until() {
-                        1
-                    } else {
-                        code
-                    },
-                )
-            }
-        })
+    let reply = hold
+        .core
+        .backend()
+        .release(&hold.keys, &hold.token, keep_ms)
         .await?;
+    // An earlier attempt (of this call, or an earlier release) may have
+    // done the work: finding the key gone or another's while the lock was
+    // still valid is then a success.
+    let earlier_may_have_run = may_have_run || reply.retried;
+    let found = if reply.found != Found::Mine
+        && earlier_may_have_run
+        && reply.sent_at < hold.valid_until()
+    {
+        Found::Mine
+    } else {
+        reply.found
+    };
     let lost = |cause| LockError::Lost {
         key: hold.name().to_owned(),
         cause,
     };
-    match outcome {
-        1 | 2 => {
+    match found {
+        Found::Mine => {
             tracing::debug!(lock = %hold.name(), "released");
-            if outcome == 2 {
-                hold.client.handed_over(&hold.keys.lock);
+            if reply.woke {
+                hold.core.handed_over(&hold.keys.lock);
             }
             Ok(())
         }
-        0 => Err(lost(LostCause::Expired)),
-        _ => Err(lost(LostCause::TakenOver)),
+        Found::Gone => Err(lost(LostCause::Expired)),
+        Found::Other => Err(lost(LostCause::TakenOver)),
     }
 }
 
@@ -94,7 +83,7 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
         return;
     };
     runtime.spawn(async move {
-        let until = hold.valid_until() + drift_margin(hold.ttl) + hold.client.call_deadline();
+        let until = hold.valid_until() + drift_margin(hold.ttl) + hold.core.call_deadline();
         let mut may_have_run = may_have_run;
         let mut pause = FIRST_RELEASE_PAUSE;
         let mut failures = 0u32;

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
-use crate::acquire::fence_retention_ms;
-use crate::cohort::{Next, Passed, Waiter};
+use crate::lease::cohort::{Next, Passed, Waiter};
 use crate::error::{LockError, LostCause};
-use crate::hold::{Acquired, Hold, PendingPass};
-use crate::release::{release, spawn_release};
-use crate::scripts::{evalsha, run, HANDOFF};
+use crate::backend::{Found, Pass};
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
+use crate::lease::release::{release, spawn_release};
+
 use crate::token::new_token;
 
 /// The release of a holder in its client's cohort (`cohort.rs`) of this
@@ -36,7 +36,7 @@ fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Resul
 /// What a cohort holder's release does; a kept lock (`hold_at_least`) is
 /// never passed on.
 pub(crate) fn next_step(hold: &Hold, generation: u64) -> Next {
-    let cohorts = hold.client.cohorts();
+    let cohorts = hold.core.cohorts();
     if hold.keep_for().is_zero() {
         cohorts.next(&hold.keys.lock, generation)
     } else {
@@ -50,7 +50,7 @@ pub(crate) fn next_step(hold: &Hold, generation: u64) -> Next {
 /// queue behind it).
 async fn release_then_dissolve(hold: &Hold, generation: u64) -> Result<(), LockError> {
     let result = release(hold, false).await;
-    hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+    hold.core.cohorts().dissolve(&hold.keys.lock, generation);
     result
 }
 
@@ -81,7 +81,7 @@ impl Drop for DissolveOnDrop {
     fn drop(&mut self) {
         if self.armed {
             let hold = &self.hold;
-            hold.client
+            hold.core
                 .cohorts()
                 .dissolve(&hold.keys.lock, self.generation);
         }
@@ -93,7 +93,7 @@ impl Drop for DissolveOnDrop {
 /// after a timed-out attempt lingers.
 pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+        hold.core.cohorts().dissolve(&hold.keys.lock, generation);
         spawn_release(hold, false); // logs that the ttl frees it
         return;
     };
@@ -124,8 +124,8 @@ pub(crate) fn pass_to(
     waiter: Waiter,
 ) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
-        let client = hold.client.clone();
-        let cohorts = client.cohorts();
+        let core = Arc::clone(&hold.core);
+        let cohorts = core.cohorts();
         let key = &hold.keys.lock;
         let lost = |cause| LockError::Lost {
             key: hold.name().to_owned(),
@@ -150,7 +150,7 @@ pub(crate) fn pass_to(
         let sent_at = Instant::now();
         let next = |linger| {
             Hold::new(Acquired {
-                client: client.clone(),
+                core: Arc::clone(&core),
                 keys: hold.keys.clone(),
                 token: token.clone(),
                 ttl: Duration::from_millis(ttl_ms),
@@ -167,7 +167,7 @@ pub(crate) fn pass_to(
         };
         // (Not `remaining()`: the hold is marked released already.)
         let left = hold.valid_until().saturating_duration_since(Instant::now());
-        let early = !waiter.fencing && left > client.call_deadline();
+        let early = !waiter.fencing && left > core.call_deadline();
         let pass = early.then(|| PendingPass::new(hold.valid_until()));
         let waiter = match &pass {
             Some(pass) => {
@@ -242,41 +242,19 @@ async fn handoff(
     ttl_ms: u64,
     fencing: bool,
 ) -> Result<(Option<u64>, bool), LockError> {
-    let retention_ms = if fencing {
-        fence_retention_ms(ttl_ms)
-    } else {
-        0
-    };
-    let mut cmd = evalsha(
-        &HANDOFF,
-        2,
-        6,
-        2 * hold.keys.lock.len() + hold.token.len() + next.len() + 48,
-    );
-    cmd.arg(&hold.keys.lock)
-        .arg(hold.keys.fence())
-        .arg(&hold.token)
-        .arg(next)
-        .arg(ttl_ms)
-        .arg(retention_ms);
-    let scripts = hold.client.scripts();
-    let reply: Vec<i64> = hold
-        .client
-        .call(hold.name(), "hand-off", |mut connection, _| {
-            let cmd = &cmd;
-            async move { run(&HANDOFF, cmd, &mut connection, scripts).await }
-        })
-        .await?;
+    let retention_ms = fencing.then(|| fence_retention_ms(ttl_ms));
     let lost = |cause| LockError::Lost {
         key: hold.name().to_owned(),
         cause,
     };
-    match reply.first() {
-        Some(1) => Ok((
-            fencing.then(|| reply.get(1).copied().unwrap_or(0) as u64),
-            reply.get(2) == Some(&1),
-        )),
-        Some(0) => Err(lost(LostCause::Expired)),
-        _ => Err(lost(LostCause::TakenOver)),
+    match hold
+        .core
+        .backend()
+        .pass(&hold.keys, &hold.token, next, ttl_ms, retention_ms)
+        .await?
+    {
+        Pass::Passed { fence, queued } => Ok((fence, queued)),
+        Pass::Refused(Found::Other) => Err(lost(LostCause::TakenOver)),
+        Pass::Refused(_) => Err(lost(LostCause::Expired)),
     }
 }

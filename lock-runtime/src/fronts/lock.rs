@@ -1,15 +1,16 @@
 //! The lock builder: what a lock is, and its public ways to be taken.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{Acquisition, Cohort, Representative};
+use crate::lease::acquire::{Acquisition, Cohort, Representative};
 use crate::client::{global_client, Client};
-use crate::connection::retryable;
+use crate::backend::retryable;
 use crate::error::LockError;
-use crate::guard::{LockGuard, OnLost};
+use crate::fronts::guard::{LockGuard, OnLost};
 use crate::keys::LockKeys;
-use crate::watch::{held_in_this_task, Entry};
+use crate::lease::watch::{held_in_this_task, Entry};
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
 /// client to use. Building one costs nothing and touches no network; it is
@@ -185,7 +186,7 @@ impl Lock {
         let respect = acquisition.respects_queue();
         // Tasks of one client waiting for one key queue in the process
         // behind one of them (`cohort.rs`); `fair` locks queue in Redis only.
-        let cohorts = (!self.fair).then(|| acquisition.client.cohorts());
+        let cohorts = (!self.fair).then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
         if !respect && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
@@ -309,11 +310,12 @@ impl Lock {
             Some(client) => client.clone(),
             None => global_client()?,
         };
-        let keys = LockKeys::new(client.key_prefix(), &self.name)?;
+        let core = Arc::clone(client.core());
+        let keys = LockKeys::new(core.key_prefix(), &self.name)?;
         Ok(Acquisition {
             lock: self,
-            held: held_in_this_task(&client, &keys),
-            client,
+            held: held_in_this_task(&core, &keys),
+            core,
             keys,
             ttl_ms,
         })

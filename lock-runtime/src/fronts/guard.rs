@@ -1,13 +1,13 @@
 //! A held lock: its release, its renewal registration, and running a body
 //! under it.
 
-use crate::cohort::Next;
+use crate::lease::cohort::Next;
 use crate::error::{LockError, LostCause};
-use crate::hold::Hold;
-use crate::local_handoff::{next_step, pass_on, pass_to, DissolveOnDrop};
-use crate::release::{release, spawn_release};
-use crate::renewal::Registration;
-use crate::watch::{watch, HeldLock, Scope};
+use crate::lease::hold::Hold;
+use crate::lease::local_handoff::{next_step, pass_on, pass_to, DissolveOnDrop};
+use crate::lease::release::{release, spawn_release};
+use crate::lease::renewal::Registration;
+use crate::lease::watch::{watch, HeldLock, Scope};
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
@@ -150,7 +150,7 @@ impl LockGuard {
         // reply comes back, by which time another holder may have the key.
         hold.mark_released();
         if let (Some(generation), Some(_)) = (self.cohort, loss) {
-            hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+            hold.core.cohorts().dissolve(&hold.keys.lock, generation);
         }
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
@@ -195,7 +195,7 @@ impl LockGuard {
                     Next::Release => {
                         // A cancelled release ends the cohort in Drop.
                         let result = release(&hold, false).await;
-                        hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+                        hold.core.cohorts().dissolve(&hold.keys.lock, generation);
                         self.cohort = None;
                         result
                     }
@@ -252,7 +252,7 @@ impl Drop for LockGuard {
                 Some(generation) if self.releasing => {
                     // A cancelled `release()`: a hand-off goes on in its own
                     // task; anything else is released here.
-                    hold.client.cohorts().dissolve(&hold.keys.lock, generation);
+                    hold.core.cohorts().dissolve(&hold.keys.lock, generation);
                     spawn_release(hold, true);
                 }
                 Some(generation) => pass_on(hold, generation),

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::connection::Connection;
+use crate::backend::{Backend, Found, RenewItem};
 use crate::error::LostCause;
-use crate::hold::{drift_margin, Hold};
-use crate::scripts::{as_eval, is_noscript, RENEW};
+use crate::lease::hold::{drift_margin, Hold};
+
 
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
@@ -34,8 +34,6 @@ use crate::scripts::{as_eval, is_noscript, RENEW};
 fn coalesce_window(interval: Duration) -> Duration {
     interval / 3
 }
-/// Locks per script call (the script call blocks Redis while it runs).
-const LOCKS_PER_CALL: usize = 100;
 
 /// How often a lock is renewed: a third of its ttl.
 fn renew_interval(ttl: Duration) -> Duration {
@@ -107,7 +105,7 @@ impl Registry {
 }
 
 pub(crate) struct Renewer {
-    connection: Arc<Connection>,
+    backend: Arc<dyn Backend>,
     registry: Mutex<Registry>,
     /// Shared with the driver task, which holds the renewer only weakly.
     wake: Arc<Notify>,
@@ -163,9 +161,9 @@ impl Drop for Renewer {
 }
 
 impl Renewer {
-    pub(crate) fn new(connection: Arc<Connection>) -> Arc<Renewer> {
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Arc<Renewer> {
         Arc::new(Renewer {
-            connection,
+            backend,
             registry: Mutex::new(Registry::default()),
             wake: Arc::new(Notify::new()),
             driver: Mutex::new(None),
@@ -292,7 +290,7 @@ impl Renewer {
                         continue;
                     }
                     match code {
-                        1 => {
+                        Found::Mine => {
                             if now > hold.valid_until() {
                                 self.counters.late_renewals.fetch_add(1, Ordering::Relaxed);
                             }
@@ -302,7 +300,7 @@ impl Renewer {
                         lost => {
                             self.counters.lost.fetch_add(1, Ordering::Relaxed);
                             registry.remove(*id);
-                            hold.mark_lost(if lost == 0 {
+                            hold.mark_lost(if lost == Found::Gone {
                                 LostCause::Expired
                             } else {
                                 LostCause::TakenOver
@@ -335,61 +333,21 @@ impl Renewer {
         self.wake.notify_one();
     }
 
-    /// One round trip: a pipeline of script calls, each renewing up to
-    /// `LOCKS_PER_CALL` locks. Returns one code a lock: 1 renewed, 0 key gone,
-    /// -1 held by another.
-    async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<i64>> {
-        let mut pipe = redis::pipe();
-        for chunk in batch.chunks(LOCKS_PER_CALL) {
-            let mut call = redis::cmd("EVALSHA");
-            call.arg(RENEW.hash()).arg(chunk.len());
-            for (_, hold) in chunk {
-                call.arg(&hold.keys.lock);
-            }
-            for (_, hold) in chunk {
-                call.arg(hold.ttl.as_millis() as u64).arg(&hold.token);
-            }
-            pipe.add_command(call);
-        }
+    /// One round trip for the whole batch (see [`Backend::renew`]).
+    async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<Found>> {
+        let items: Vec<RenewItem<'_>> = batch
+            .iter()
+            .map(|(_, hold)| RenewItem {
+                key: &hold.keys.lock,
+                token: &hold.token,
+                ttl_ms: hold.ttl.as_millis() as u64,
+            })
+            .collect();
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let scripts = self.connection.scripts();
-        let eval = || {
-            let mut eval = redis::pipe();
-            for call in pipe.cmd_iter() {
-                eval.add_command(as_eval(&RENEW, call));
-            }
-            eval
-        };
-        let calls: Vec<Vec<i64>> = self
-            .connection
-            .call(|mut connection, _| {
-                let (pipe, eval) = (&pipe, &eval);
-                async move {
-                    self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-                    let result = if !scripts.has(&RENEW) {
-                        // This client's first renewal: as EVAL, which
-                        // caches the script.
-                        eval().query_async(&mut connection).await
-                    } else {
-                        match pipe.query_async(&mut connection).await {
-                            Err(error) if is_noscript(&error) => {
-                                // Redis restarted or its script cache was
-                                // flushed: the same calls as EVAL.
-                                self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-                                eval().query_async(&mut connection).await
-                            }
-                            result => result,
-                        }
-                    };
-                    if result.is_ok() {
-                        scripts.add(&RENEW);
-                    }
-                    result
-                }
-            })
-            .await?;
-        Ok(calls.into_iter().flatten().collect())
+        self.backend
+            .renew(&items, &self.counters.round_trips)
+            .await
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::LostCause;
-use crate::hold::{Hold, PendingPass};
+use crate::lease::hold::{Hold, PendingPass};
 
 /// Local passes in a row while waiters of other clients are queued.
 pub(crate) const MAX_PASSES_WHILE_QUEUED: u32 = 4;

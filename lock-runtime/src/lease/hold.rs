@@ -4,19 +4,18 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
-use once_cell::sync::Lazy;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
-use crate::client::Client;
+use super::Core;
 use crate::error::LostCause;
 use crate::keys::LockKeys;
 
 /// The origin of the nanosecond counts kept in atomics.
-static CLOCK_BASE: Lazy<Instant> = Lazy::new(Instant::now);
+static CLOCK_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 fn to_nanos(instant: Instant) -> u64 {
     u64::try_from(instant.saturating_duration_since(*CLOCK_BASE).as_nanos()).unwrap_or(u64::MAX)
@@ -33,9 +32,19 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
     (ttl / 100 + Duration::from_millis(2)).min(ttl)
 }
 
+/// Fencing counters live at least this long after their last acquisition.
+const FENCE_RETENTION: Duration = Duration::from_secs(60);
+
+/// How long a fencing counter is kept after an acquisition with `ttl_ms`:
+/// max(60 s, ttl).
+pub(crate) fn fence_retention_ms(ttl_ms: u64) -> u64 {
+    (FENCE_RETENTION.as_millis() as u64).max(ttl_ms)
+}
+
 /// What an acquisition produced: everything a [`Hold`] starts from.
 pub(crate) struct Acquired {
-    pub(crate) client: Client,
+    /// What the client that made it shares (its backend among them).
+    pub(crate) core: Arc<Core>,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -137,7 +146,8 @@ impl PendingPass {
 }
 
 pub(crate) struct Hold {
-    pub(crate) client: Client,
+    /// What the client that made it shares (its backend among them).
+    pub(crate) core: Arc<Core>,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -180,7 +190,7 @@ impl Hold {
 
     pub(crate) fn new(acquired: Acquired) -> Arc<Hold> {
         let Acquired {
-            client,
+            core,
             keys,
             token,
             ttl,
@@ -197,7 +207,7 @@ impl Hold {
         let expiry = expires_by.map_or(sent_at + ttl, |by| by.min(sent_at + ttl));
         let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
         let hold = Arc::new(Hold {
-            client,
+            core,
             keys,
             token,
             ttl,
@@ -251,8 +261,8 @@ impl Hold {
     }
 
     /// Whether this holds the same lock (same Redis, same key) as `other`.
-    pub(crate) fn same_lock(&self, client: &Client, keys: &LockKeys) -> bool {
-        self.client.same(client) && self.keys.lock == keys.lock
+    pub(crate) fn same_lock(&self, core: &Arc<Core>, keys: &LockKeys) -> bool {
+        Arc::ptr_eq(&self.core, core) && self.keys.lock == keys.lock
     }
 
     /// With `hold_at_least`: how much longer a release must keep the key.

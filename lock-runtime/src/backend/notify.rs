@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::{watch, Notify};
 
-use crate::client::within;
+use super::connection::within;
 use crate::error::LockError;
 use crate::token::new_token;
 
@@ -217,8 +217,10 @@ async fn run(notifier: Weak<Notifier>) {
             let Some(this) = notifier.upgrade() else {
                 return;
             };
-            let token: String = message.get_payload().unwrap_or_default();
-            this.dispatch(&token);
+            // One token, or several separated by spaces (the waiters of
+            // this client one release wakes together).
+            let tokens: String = message.get_payload().unwrap_or_default();
+            tokens.split(' ').for_each(|token| this.dispatch(token));
         }
         let Some(this) = notifier.upgrade() else {
             return;

@@ -1,0 +1,151 @@
+//! The backend: every Redis call a lock makes, and the decoding of its
+//! replies into typed outcomes. The lease machinery above it (acquire,
+//! wait, renewal, release, in-process hand-off) speaks only these types;
+//! a deployment is an implementation of [`Backend`] ([`SingleNode`]: one
+//! Redis server, or a primary with replicas behind one address).
+//!
+//! Every call is one round trip (a command or a script run by EVALSHA) and
+//! is safe to repeat: implementations retry failed connections within the
+//! call's deadline, and report a call that got no answer as an error (its
+//! outcome unknown).
+
+mod connection;
+mod notify;
+mod scripts;
+mod single;
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+
+use crate::error::LockError;
+use crate::keys::LockKeys;
+
+pub(crate) use connection::retryable;
+pub(crate) use notify::{wait_for, Notifier, Subscription};
+pub(crate) use single::SingleNode;
+
+/// One attempt to take an exclusive lock.
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) keys: &'a LockKeys,
+    pub(crate) token: &'a str,
+    pub(crate) ttl_ms: u64,
+    /// With a fencing token, kept this long after the acquisition.
+    pub(crate) fence_retention_ms: Option<u64>,
+    /// The caller's entry in the queue of waiters (`<channel>|<token>`).
+    pub(crate) member: &'a str,
+    /// Join (or refresh a place in) the queue when the lock is busy.
+    pub(crate) join: bool,
+    /// Take a free lock only when nobody queued is ahead of the caller.
+    pub(crate) respect: bool,
+    /// An earlier attempt with this token got no answer: if the lock holds
+    /// the token, that attempt took it.
+    pub(crate) mine: bool,
+    /// How long a queued waiter keeps its place without refreshing it.
+    pub(crate) waiter_timeout_ms: u64,
+}
+
+/// What an acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    /// Taken, with a fencing token when one was asked for; `found`: the
+    /// lock already held this token (an earlier attempt took it), with this
+    /// remaining ttl.
+    Acquired {
+        fence: Option<u64>,
+        found: Option<Duration>,
+    },
+    /// Held by another, whose key expires after `expires_in` when known
+    /// (none: free, but another waiter is first in line).
+    Busy { expires_in: Option<Duration> },
+}
+
+/// What a release (or a hand-off, or a renewal) found in the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The caller's token: done.
+    Mine,
+    /// Nothing: the key had expired.
+    Gone,
+    /// Another holder's token (left untouched).
+    Other,
+}
+
+/// A release's outcome, with what the caller needs to judge a retried one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Release {
+    pub(crate) found: Found,
+    /// The release woke a waiter of another client.
+    pub(crate) woke: bool,
+    /// The answer came to a retry: an earlier attempt may have run.
+    pub(crate) retried: bool,
+    /// When the answered attempt was sent.
+    pub(crate) sent_at: Instant,
+}
+
+/// A hand-off's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// The key holds the next token now; `queued`: waiters of other clients
+    /// are queued.
+    Passed { fence: Option<u64>, queued: bool },
+    /// The key no longer held the passer's token.
+    Refused(Found),
+}
+
+/// One lock in a renewal batch.
+pub(crate) struct RenewItem<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) ttl_ms: u64,
+}
+
+/// A deployment of the lock: where its keys live and how they are read and
+/// written. Every method is one round trip, retried on connection faults
+/// within the deadline.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// One acquire attempt.
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, LockError>>;
+
+    /// Compare-and-delete (`keep_ms` > 0: compare-and-keep for that long),
+    /// waking the waiter the lock's wake mark names.
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        keep_ms: u64,
+    ) -> BoxFuture<'a, Result<Release, LockError>>;
+
+    /// A waiter gives up its place in the queue.
+    fn leave<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        member: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>>;
+
+    /// Passes the lock from `token` to `next` (its ttl, a fencing token
+    /// when `fence_retention_ms` is set).
+    fn pass<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        next: &'a str,
+        ttl_ms: u64,
+        fence_retention_ms: Option<u64>,
+    ) -> BoxFuture<'a, Result<Pass, LockError>>;
+
+    /// Extends every lock of `items` that still holds its token: one round
+    /// trip for the whole batch. `round_trips` counts the round trips made.
+    fn renew<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+        round_trips: &'a AtomicU64,
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>>;
+
+    /// The longest one call may take, its retries included.
+    fn call_deadline(&self) -> Duration;
+}

@@ -1,0 +1,136 @@
+//! The Lua scripts (their sources are the `.lua` files in `lua/`, each with a
+//! header giving its KEYS, ARGV and replies). Each runs atomically in Redis:
+//! no other command runs between its reads and its writes. They are sent by EVALSHA ([`evalsha`]);
+//! when Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH), [`run`]
+//! sends the same call again as EVAL with the script's source, which runs it
+//! and caches it again: one extra round trip, not two.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::LazyLock;
+
+use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
+
+/// A script: its source, the SHA1 that EVALSHA names it by, and its bit in
+/// a [`ScriptsSent`] set.
+pub(crate) struct LuaScript {
+    source: String,
+    hash: String,
+    bit: u8,
+}
+
+impl LuaScript {
+    fn new(source: &str, bit: u8) -> LuaScript {
+        let source = source.to_owned();
+        let hash = Script::new(&source).get_hash().to_owned();
+        LuaScript { source, hash, bit }
+    }
+
+    pub(crate) fn hash(&self) -> &str {
+        &self.hash
+    }
+}
+
+/// `EVALSHA <script> <keys>`, for the caller to add the keys and arguments
+/// (`args` of them, about `bytes` long in all). Built as one command, with
+/// keys and arguments written once into a buffer sized up front (the
+/// `redis` crate's `ScriptInvocation` copies each twice).
+pub(crate) fn evalsha(script: &LuaScript, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.hash()).arg(keys);
+    cmd
+}
+
+/// The [`evalsha`] command `cmd` as `EVAL <source> ...`.
+pub(crate) fn as_eval(script: &LuaScript, cmd: &Cmd) -> Cmd {
+    let mut eval = Cmd::new();
+    eval.arg("EVAL").arg(&script.source);
+    for arg in cmd.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
+/// Whether Redis answered that it does not know the script.
+pub(crate) fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The scripts one client has had run by Redis: the first call of each is
+/// sent as EVAL (which caches it), so that a fresh client's first acquire,
+/// release or renewal costs one round trip, not the three of EVALSHA,
+/// NOSCRIPT, EVAL.
+#[derive(Default)]
+pub(crate) struct ScriptsSent(AtomicU8);
+
+impl ScriptsSent {
+    pub(crate) fn has(&self, script: &LuaScript) -> bool {
+        self.0.load(Ordering::Relaxed) & script.bit != 0
+    }
+
+    pub(crate) fn add(&self, script: &LuaScript) {
+        self.0.fetch_or(script.bit, Ordering::Relaxed);
+    }
+}
+
+/// Runs an [`evalsha`] command: as EVAL if this client never ran the script;
+/// again as EVAL if Redis lost it (a restart, SCRIPT FLUSH), which also
+/// caches it again.
+pub(crate) async fn run<T: FromRedisValue>(
+    script: &LuaScript,
+    cmd: &Cmd,
+    connection: &mut impl ConnectionLike,
+    sent: &ScriptsSent,
+) -> RedisResult<T> {
+    let result = if sent.has(script) {
+        match cmd.query_async(connection).await {
+            Err(error) if is_noscript(&error) => as_eval(script, cmd).query_async(connection).await,
+            result => result,
+        }
+    } else {
+        as_eval(script, cmd).query_async(connection).await
+    };
+    if result.is_ok() {
+        sent.add(script);
+    }
+    result
+}
+
+// The exclusive lock. A held lock's value is its holder's token, followed by
+// `|<channel>|<token>` (the "wake mark") while waiters are queued behind it:
+// the queue entry of the first of them, the one its release must wake. The
+// release then needs neither the queue nor a second key: an uncontended
+// release is GET + DEL on the lock key alone. Every script that changes the
+// head of the queue while the lock is held rewrites the mark (docs/design.md
+// §4).
+
+/// `mark.lua` and `prune.lua`: helpers put in front of the scripts that use
+/// them.
+const HELPERS: &str = concat!(include_str!("lua/mark.lua"), include_str!("lua/prune.lua"));
+
+/// `lua/acquire.lua`: take a free lock (maybe with a fencing token), or
+/// join the queue.
+pub(crate) static ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[HELPERS, include_str!("lua/acquire.lua")].concat(), 1));
+
+/// `lua/release.lua`: compare-and-delete, waking the marked waiter.
+pub(crate) static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/release.lua"), 2));
+
+/// `lua/release_keeping.lua`: the `hold_at_least` release.
+pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/release_keeping.lua"), 4));
+
+/// `lua/leave.lua`: a waiter gives up its place.
+pub(crate) static LEAVE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[HELPERS, include_str!("lua/leave.lua")].concat(), 8));
+
+/// `lua/renew.lua`: extend many locks of one client, each only if it holds
+/// its token.
+pub(crate) static RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/renew.lua"), 16));
+
+/// `lua/handoff.lua`: pass a held lock to the next task of the process.
+pub(crate) static HANDOFF: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/handoff.lua"), 32));

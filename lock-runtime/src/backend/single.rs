@@ -1,0 +1,338 @@
+//! [`SingleNode`]: the lock on one Redis server (or a primary with replicas
+//! behind one address). Every lock's keys live on it; a renewal batch is one
+//! pipelined round trip.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use redis::aio::ConnectionManagerConfig;
+use redis::{Cmd, Value};
+
+use super::connection::Connection;
+use super::scripts::{
+    as_eval, evalsha, is_noscript, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING, RENEW,
+};
+use super::{Acquire, AcquireRequest, Backend, Found, Pass, Release, RenewItem};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+
+/// Locks per renewal script call (a script blocks Redis while it runs).
+const LOCKS_PER_CALL: usize = 100;
+
+pub(crate) struct SingleNode {
+    connection: Connection,
+}
+
+impl SingleNode {
+    pub(crate) fn new(
+        redis: redis::Client,
+        config: ConnectionManagerConfig,
+        deadline: Duration,
+    ) -> redis::RedisResult<SingleNode> {
+        Ok(SingleNode {
+            connection: Connection::new(redis, config, deadline)?,
+        })
+    }
+
+    /// Runs `attempt` under the call deadline (see [`Connection::call`]),
+    /// naming the lock and the operation in the error.
+    async fn call<T, F, Fut>(
+        &self,
+        name: &str,
+        operation: &'static str,
+        attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(redis::aio::ConnectionManager, u32) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        self.connection
+            .call(attempt)
+            .await
+            .map_err(|source| LockError::redis(name, operation, source))
+    }
+
+    /// `SET key token NX PX ttl`: what an uncontended lock costs. A retry
+    /// (the first attempt's outcome unknown) is the acquire script with
+    /// `mine`, which recognises a lock the first attempt took.
+    async fn set_if_free(&self, request: &AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        let keys = request.keys;
+        let bytes = keys.lock.len() + request.token.len() + 32;
+        let mut set = Cmd::with_capacity(6, bytes);
+        set.arg("SET")
+            .arg(&keys.lock)
+            .arg(request.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(request.ttl_ms);
+        let set = &set;
+        self.call(keys.name(), "acquire", |mut connection, attempt| async move {
+            if attempt > 0 {
+                let retry = AcquireRequest {
+                    mine: true,
+                    ..*request
+                };
+                return self.acquire_script(&mut connection, &retry).await;
+            }
+            match set.query_async(&mut connection).await? {
+                Value::Okay => Ok(Acquire::Acquired {
+                    fence: None,
+                    found: None,
+                }),
+                Value::SimpleString(ok) if ok == "OK" => Ok(Acquire::Acquired {
+                    fence: None,
+                    found: None,
+                }),
+                Value::Nil => Ok(Acquire::Busy { expires_in: None }),
+                // Not what Redis answers SET NX; an unknown outcome (the
+                // caller cleans up a lock it may hold).
+                other => Err(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "unexpected reply to SET NX PX",
+                    format!("{other:?}"),
+                ))),
+            }
+        })
+        .await
+    }
+
+    /// One call of `acquire.lua`, decoded.
+    async fn acquire_script(
+        &self,
+        connection: &mut redis::aio::ConnectionManager,
+        request: &AcquireRequest<'_>,
+    ) -> redis::RedisResult<Acquire> {
+        let keys = request.keys;
+        // 0: no fencing token.
+        let retention_ms = request.fence_retention_ms.unwrap_or(0);
+        let bytes = 4 * keys.lock.len() + 24 + request.token.len() + 62 + request.member.len();
+        let mut cmd = evalsha(&ACQUIRE, 4, 12, bytes);
+        cmd.arg(&keys.lock)
+            .arg(keys.fence())
+            .arg(keys.queue())
+            .arg(keys.waiters())
+            .arg(request.token)
+            .arg(request.ttl_ms)
+            .arg(retention_ms)
+            .arg(request.waiter_timeout_ms)
+            .arg(u8::from(request.join))
+            .arg(u8::from(request.respect))
+            .arg(request.member)
+            .arg(u8::from(request.mine));
+        let reply: Vec<i64> = run(&ACQUIRE, &cmd, connection, self.connection.scripts()).await?;
+        // `{1, fence}` acquired; `{1, fence, pttl}` found already taken with
+        // this token; `{0, pttl}` busy.
+        let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
+        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
+        Ok(if at(0) == 1 {
+            Acquire::Acquired {
+                fence: request.fence_retention_ms.map(|_| at(1) as u64),
+                found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+            }
+        } else {
+            Acquire::Busy {
+                expires_in: millis(at(1)),
+            }
+        })
+    }
+}
+
+/// A script's release code: 1 (or 2: a waiter was told) the caller's
+/// token, 0 gone, -1 another's.
+fn found(code: i64) -> Found {
+    match code {
+        1 | 2 => Found::Mine,
+        0 => Found::Gone,
+        _ => Found::Other,
+    }
+}
+
+impl Backend for SingleNode {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, LockError>> {
+        Box::pin(async move {
+            let plain = !(request.join
+                || request.respect
+                || request.fence_retention_ms.is_some()
+                || request.mine);
+            if plain {
+                return self.set_if_free(&request).await;
+            }
+            let request = &request;
+            self.call(
+                request.keys.name(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    let retry = AcquireRequest {
+                        mine: request.mine || attempt > 0,
+                        ..*request
+                    };
+                    self.acquire_script(&mut connection, &retry).await
+                },
+            )
+            .await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        keep_ms: u64,
+    ) -> BoxFuture<'a, Result<Release, LockError>> {
+        Box::pin(async move {
+            // Only the lock key: the wake mark in its value names the waiter
+            // to wake.
+            let script = if keep_ms > 0 {
+                &*RELEASE_KEEPING
+            } else {
+                &*RELEASE
+            };
+            let mut cmd = evalsha(script, 1, 3, keys.lock.len() + token.len() + 20);
+            cmd.arg(&keys.lock).arg(token);
+            if keep_ms > 0 {
+                cmd.arg(keep_ms);
+            }
+            let scripts = self.connection.scripts();
+            let cmd = &cmd;
+            self.call(keys.name(), "release", |mut connection, attempt| async move {
+                let sent_at = Instant::now();
+                let code: i64 = run(script, cmd, &mut connection, scripts).await?;
+                Ok(Release {
+                    found: found(code),
+                    woke: code == 2,
+                    retried: attempt > 0,
+                    sent_at,
+                })
+            })
+            .await
+        })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        member: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&LEAVE, 3, 4, 3 * keys.lock.len() + 16 + member.len());
+            cmd.arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(keys.waiters())
+                .arg(member);
+            let (cmd, scripts) = (&cmd, self.connection.scripts());
+            self.call(
+                keys.name(),
+                "leave the queue",
+                |mut connection, _| async move {
+                    run::<i64>(&LEAVE, cmd, &mut connection, scripts).await
+                },
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn pass<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        next: &'a str,
+        ttl_ms: u64,
+        fence_retention_ms: Option<u64>,
+    ) -> BoxFuture<'a, Result<Pass, LockError>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(
+                &HANDOFF,
+                2,
+                6,
+                2 * keys.lock.len() + token.len() + next.len() + 48,
+            );
+            cmd.arg(&keys.lock)
+                .arg(keys.fence())
+                .arg(token)
+                .arg(next)
+                .arg(ttl_ms)
+                .arg(fence_retention_ms.unwrap_or(0));
+            let (cmd, scripts) = (&cmd, self.connection.scripts());
+            let reply: Vec<i64> = self
+                .call(keys.name(), "hand-off", |mut connection, _| async move {
+                    run(&HANDOFF, cmd, &mut connection, scripts).await
+                })
+                .await?;
+            Ok(match reply.first() {
+                Some(1) => Pass::Passed {
+                    fence: fence_retention_ms.map(|_| reply.get(1).copied().unwrap_or(0) as u64),
+                    queued: reply.get(2) == Some(&1),
+                },
+                Some(0) => Pass::Refused(Found::Gone),
+                _ => Pass::Refused(Found::Other),
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+        round_trips: &'a AtomicU64,
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            for chunk in items.chunks(LOCKS_PER_CALL) {
+                let mut call = redis::cmd("EVALSHA");
+                call.arg(RENEW.hash()).arg(chunk.len());
+                for item in chunk {
+                    call.arg(item.key);
+                }
+                for item in chunk {
+                    call.arg(item.ttl_ms).arg(item.token);
+                }
+                pipe.add_command(call);
+            }
+            let scripts = self.connection.scripts();
+            let eval = || {
+                let mut eval = redis::pipe();
+                for call in pipe.cmd_iter() {
+                    eval.add_command(as_eval(&RENEW, call));
+                }
+                eval
+            };
+            let calls: Vec<Vec<i64>> = self
+                .connection
+                .call(|mut connection, _| {
+                    let (pipe, eval) = (&pipe, &eval);
+                    async move {
+                        round_trips.fetch_add(1, Ordering::Relaxed);
+                        let result = if !scripts.has(&RENEW) {
+                            // This client's first renewal: as EVAL, which
+                            // caches the script.
+                            eval().query_async(&mut connection).await
+                        } else {
+                            match pipe.query_async(&mut connection).await {
+                                Err(error) if is_noscript(&error) => {
+                                    // Redis restarted or its script cache
+                                    // was flushed: the same calls as EVAL.
+                                    round_trips.fetch_add(1, Ordering::Relaxed);
+                                    eval().query_async(&mut connection).await
+                                }
+                                result => result,
+                            }
+                        };
+                        if result.is_ok() {
+                            scripts.add(&RENEW);
+                        }
+                        result
+                    }
+                })
+                .await?;
+            Ok(calls.into_iter().flatten().map(found).collect())
+        })
+    }
+
+    fn call_deadline(&self) -> Duration {
+        self.connection.deadline()
+    }
+}

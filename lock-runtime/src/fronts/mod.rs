@@ -1,0 +1,5 @@
+//! The public fronts: thin typed builders and guards over the lease
+//! machinery (`lease`).
+
+pub(crate) mod guard;
+pub(crate) mod lock;

@@ -1,0 +1,104 @@
+//! The lease machinery every lock kind shares: taking a lease (one attempt,
+//! or waiting woken by releases), what a holder knows about it (`hold`), the
+//! renewal driver, the release, the in-process hand-off between tasks of one
+//! client, and the scopes that run bodies under a lease (`watch`). It talks
+//! to Redis only through the [`Backend`](crate::backend::Backend).
+
+pub(crate) mod acquire;
+pub(crate) mod cohort;
+pub(crate) mod hold;
+pub(crate) mod local_handoff;
+pub(crate) mod release;
+pub(crate) mod renewal;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::backend::Notifier;
+use cohort::Cohorts;
+use renewal::Renewer;
+
+/// What every lease of one client shares: the backend, the renewal driver,
+/// the notifier its waiters are woken by, its in-process cohorts. A hold
+/// keeps it (not the client that made it).
+pub(crate) struct Core {
+    backend: Arc<dyn Backend>,
+    renewer: Arc<Renewer>,
+    notifier: Arc<Notifier>,
+    cohorts: Cohorts,
+    key_prefix: String,
+    /// Keys this client released lately while a waiter queued: its next
+    /// request for such a key lets that waiter go first.
+    handed_over: Mutex<HashMap<String, Instant>>,
+}
+
+/// How long after handing a lock over to a waiter this client's own next
+/// request for it lets the waiter go first.
+const HAND_OVER_WINDOW: Duration = Duration::from_millis(50);
+
+impl Core {
+    pub(crate) fn new(
+        backend: Arc<dyn Backend>,
+        notifier: Arc<Notifier>,
+        key_prefix: String,
+    ) -> Arc<Core> {
+        Arc::new(Core {
+            renewer: Renewer::new(Arc::clone(&backend)),
+            backend,
+            notifier,
+            cohorts: Cohorts::default(),
+            key_prefix,
+            handed_over: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    pub(crate) fn renewer(&self) -> &Arc<Renewer> {
+        &self.renewer
+    }
+
+    pub(crate) fn notifier(&self) -> &Arc<Notifier> {
+        &self.notifier
+    }
+
+    pub(crate) fn cohorts(&self) -> &Cohorts {
+        &self.cohorts
+    }
+
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The longest one Redis call may take before it fails with a timeout.
+    pub(crate) fn call_deadline(&self) -> Duration {
+        self.backend.call_deadline()
+    }
+
+    fn handed_over_keys(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        self.handed_over
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A release of `key` woke a waiter.
+    pub(crate) fn handed_over(&self, key: &str) {
+        let mut handed_over = self.handed_over_keys();
+        let now = Instant::now();
+        handed_over.retain(|_, at| now.duration_since(*at) < HAND_OVER_WINDOW);
+        handed_over.insert(key.to_owned(), now);
+    }
+
+    /// Whether this client handed `key` over to a waiter just now; if so, its
+    /// next request should queue behind that waiter rather than race it.
+    pub(crate) fn just_handed_over(&self, key: &str) -> bool {
+        self.handed_over_keys()
+            .remove(key)
+            .is_some_and(|at| at.elapsed() < HAND_OVER_WINDOW)
+    }
+}
