@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
 
+use crate::backend::Notifier;
 use crate::backend::SingleNode;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
-use crate::backend::Notifier;
 use crate::redact::redact_url;
 
 /// The environment variable read when [`init`] was not called.
@@ -181,16 +181,14 @@ impl Client {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
-        let backend =
-            SingleNode::new(redis_client.clone(), manager_config, call_deadline(&config)).map_err(
-                |error| {
-                    LockError::config(format!(
-                        "cannot set up the Redis client for `{}`: {}",
-                        config.redacted_url(),
-                        error.kind_description()
-                    ))
-                },
-            )?;
+        let backend = SingleNode::new(redis_client.clone(), manager_config, call_deadline(&config))
+            .map_err(|error| {
+                LockError::config(format!(
+                    "cannot set up the Redis client for `{}`: {}",
+                    config.redacted_url(),
+                    error.kind_description()
+                ))
+            })?;
         let notifier = Notifier::new(redis_client.clone(), call_deadline(&config))?;
         let core = Core::new(Arc::new(backend), notifier, config.key_prefix.clone());
         Ok(Client {

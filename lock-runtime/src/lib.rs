@@ -33,9 +33,9 @@ pub mod __private;
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{LockError, LostCause};
-pub use fronts::guard::{LockGuard, OnLost};
-pub use keys::MAX_KEY_LEN;
 pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
-pub use lock_macros::distributed_lock;
+pub use keys::MAX_KEY_LEN;
+pub use lease::guard::{LockGuard, OnLost};
 pub use lease::renewal::RenewalStats;
 pub use lease::watch::{current, HeldLock};
+pub use lock_macros::distributed_lock;

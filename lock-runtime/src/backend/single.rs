@@ -67,33 +67,37 @@ impl SingleNode {
             .arg("PX")
             .arg(request.ttl_ms);
         let set = &set;
-        self.call(keys.name(), "acquire", |mut connection, attempt| async move {
-            if attempt > 0 {
-                let retry = AcquireRequest {
-                    mine: true,
-                    ..*request
-                };
-                return self.acquire_script(&mut connection, &retry).await;
-            }
-            match set.query_async(&mut connection).await? {
-                Value::Okay => Ok(Acquire::Acquired {
-                    fence: None,
-                    found: None,
-                }),
-                Value::SimpleString(ok) if ok == "OK" => Ok(Acquire::Acquired {
-                    fence: None,
-                    found: None,
-                }),
-                Value::Nil => Ok(Acquire::Busy { expires_in: None }),
-                // Not what Redis answers SET NX; an unknown outcome (the
-                // caller cleans up a lock it may hold).
-                other => Err(redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "unexpected reply to SET NX PX",
-                    format!("{other:?}"),
-                ))),
-            }
-        })
+        self.call(
+            keys.name(),
+            "acquire",
+            |mut connection, attempt| async move {
+                if attempt > 0 {
+                    let retry = AcquireRequest {
+                        mine: true,
+                        ..*request
+                    };
+                    return self.acquire_script(&mut connection, &retry).await;
+                }
+                match set.query_async(&mut connection).await? {
+                    Value::Okay => Ok(Acquire::Acquired {
+                        fence: None,
+                        found: None,
+                    }),
+                    Value::SimpleString(ok) if ok == "OK" => Ok(Acquire::Acquired {
+                        fence: None,
+                        found: None,
+                    }),
+                    Value::Nil => Ok(Acquire::Busy { expires_in: None }),
+                    // Not what Redis answers SET NX; an unknown outcome (the
+                    // caller cleans up a lock it may hold).
+                    other => Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "unexpected reply to SET NX PX",
+                        format!("{other:?}"),
+                    ))),
+                }
+            },
+        )
         .await
     }
 
@@ -198,16 +202,20 @@ impl Backend for SingleNode {
             }
             let scripts = self.connection.scripts();
             let cmd = &cmd;
-            self.call(keys.name(), "release", |mut connection, attempt| async move {
-                let sent_at = Instant::now();
-                let code: i64 = run(script, cmd, &mut connection, scripts).await?;
-                Ok(Release {
-                    found: found(code),
-                    woke: code == 2,
-                    retried: attempt > 0,
-                    sent_at,
-                })
-            })
+            self.call(
+                keys.name(),
+                "release",
+                |mut connection, attempt| async move {
+                    let sent_at = Instant::now();
+                    let code: i64 = run(script, cmd, &mut connection, scripts).await?;
+                    Ok(Release {
+                        found: found(code),
+                        woke: code == 2,
+                        retried: attempt > 0,
+                        sent_at,
+                    })
+                },
+            )
             .await
         })
     }

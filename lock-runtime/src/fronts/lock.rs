@@ -4,12 +4,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::lease::acquire::{Acquisition, Cohort, Representative};
-use crate::client::{global_client, Client};
 use crate::backend::retryable;
+use crate::client::{global_client, Client};
 use crate::error::LockError;
-use crate::fronts::guard::{LockGuard, OnLost};
 use crate::keys::LockKeys;
+use crate::lease::acquire::{Acquisition, Cohort, Representative, Settings};
+use crate::lease::guard::{LockGuard, OnLost};
 use crate::lease::watch::{held_in_this_task, Entry};
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
@@ -313,21 +313,13 @@ impl Lock {
         let core = Arc::clone(client.core());
         let keys = LockKeys::new(core.key_prefix(), &self.name)?;
         Ok(Acquisition {
-            lock: self,
+            name: &self.name,
+            settings: self.settings(),
             held: held_in_this_task(&core, &keys),
             core,
             keys,
             ttl_ms,
         })
-    }
-
-    /// How long to wait for a busy lock, if at all.
-    pub(crate) fn wait_setting(&self) -> Option<Duration> {
-        self.wait
-    }
-
-    pub(crate) fn name_str(&self) -> &str {
-        &self.name
     }
 
     pub(crate) fn settings(&self) -> Settings {
@@ -341,6 +333,7 @@ impl Lock {
             fair: self.fair,
             fencing: self.fencing,
             hold_at_least: self.hold_at_least,
+            wait: self.wait,
         }
     }
 }
@@ -366,17 +359,6 @@ impl<F: Future> Future for Heartbeat<'_, F> {
         this.slot.heartbeat();
         this.inner.poll(cx)
     }
-}
-
-/// The lock's settings, as the acquisition needs them.
-pub(crate) struct Settings {
-    pub(crate) ttl: Duration,
-    pub(crate) renew: bool,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) on_lost: OnLost,
-    pub(crate) fair: bool,
-    pub(crate) fencing: bool,
-    pub(crate) hold_at_least: Option<Duration>,
 }
 
 /// The longest ttl, `max_hold` or `hold_at_least` accepted: a year (far

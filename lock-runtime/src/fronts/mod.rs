@@ -1,5 +1,4 @@
 //! The public fronts: thin typed builders and guards over the lease
 //! machinery (`lease`).
 
-pub(crate) mod guard;
 pub(crate) mod lock;

@@ -3,20 +3,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::lease::cohort::{wait_for_pass, Joined, Passed};
+use crate::backend::wait_for;
 use crate::backend::{retryable, Acquire, AcquireRequest};
 use crate::error::LockError;
-use crate::fronts::guard::{LockGuard, OnLost};
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
 use crate::keys::LockKeys;
+use crate::lease::cohort::{wait_for_pass, Joined, Passed};
+use crate::lease::guard::{LockGuard, OnLost};
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
 use crate::lease::local_handoff::pass_on;
-use crate::fronts::lock::Lock;
-use crate::backend::wait_for;
 use crate::lease::release::spawn_release;
 
-use crate::token::new_token;
 use crate::lease::watch::{Entry, Scope};
 use crate::lease::Core;
+use crate::token::new_token;
 
 /// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
@@ -31,12 +30,28 @@ const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
 /// One call of `acquire` / `try_acquire`, with everything resolved.
 pub(crate) struct Acquisition<'a> {
-    pub(crate) lock: &'a Lock,
+    /// The lock's name, as given.
+    pub(crate) name: &'a str,
+    pub(crate) settings: Settings,
     pub(crate) core: Arc<Core>,
     pub(crate) keys: LockKeys,
     pub(crate) ttl_ms: u64,
     /// The innermost scope of the same lock up this task's call chain.
     pub(crate) held: Option<Arc<Scope>>,
+}
+
+/// A lock's settings, as an acquisition needs them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) ttl: Duration,
+    pub(crate) renew: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) on_lost: OnLost,
+    pub(crate) fair: bool,
+    pub(crate) fencing: bool,
+    pub(crate) hold_at_least: Option<Duration>,
+    /// How long to wait for a busy lock, if at all.
+    pub(crate) wait: Option<Duration>,
 }
 
 /// Where a waiting acquire stands in its client's cohort.
@@ -163,7 +178,7 @@ impl Acquisition<'_> {
         entry: Entry,
     ) -> Result<LockGuard, LockError> {
         let hold = scope.hold();
-        let settings = self.lock.settings();
+        let settings = &self.settings;
         let missing = [
             (settings.fencing && hold.fencing_token.is_none(), "fencing"),
             (settings.renew && !hold.renewed, "renew"),
@@ -180,7 +195,7 @@ impl Acquisition<'_> {
             )));
         }
         if !scope.try_enter(entry) {
-            let key = self.lock.name_str().to_owned();
+            let key = self.name.to_owned();
             if scope.entered_by_guard() {
                 return Err(LockError::config(format!(
                     "lock `{key}` is entered by a guard from `acquire()` in this task's call \
@@ -189,7 +204,7 @@ impl Acquisition<'_> {
                      `guard.run(..)`, or release the guard first"
                 )));
             }
-            let Some(wait) = self.lock.wait_setting() else {
+            let Some(wait) = self.settings.wait else {
                 return Err(LockError::Busy { key });
             };
             let started = Instant::now();
@@ -222,7 +237,7 @@ impl Acquisition<'_> {
     ) -> Result<Cohort<'_>, LockError> {
         let cohorts = self.core.cohorts();
         let key = &self.keys.lock;
-        let fencing = self.lock.settings().fencing;
+        let fencing = self.settings.fencing;
         let mut dissolved = false;
         loop {
             let (receiver, id, generation) = match cohorts.join(key, self.ttl_ms, fencing) {
@@ -264,7 +279,7 @@ impl Acquisition<'_> {
                 }
                 None => {
                     return Err(LockError::WaitTimeout {
-                        key: self.lock.name_str().to_owned(),
+                        key: self.name.to_owned(),
                         waited: started.elapsed(),
                     })
                 }
@@ -275,11 +290,11 @@ impl Acquisition<'_> {
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
         let token = new_token()?;
         let mut unknown = Unknown::new(self, &token);
-        let respect = self.lock.settings().fair;
+        let respect = self.settings.fair;
         match self.attempt(&mut unknown, "", false, respect).await? {
             Attempt::Acquired(fence, found) => Ok(unknown.acquired(fence, found)),
             Attempt::Busy(_) => Err(LockError::Busy {
-                key: self.lock.name_str().to_owned(),
+                key: self.name.to_owned(),
             }),
         }
     }
@@ -289,7 +304,7 @@ impl Acquisition<'_> {
     /// holder that releases and asks again at once does not snatch the lock
     /// back from the waiter it just woke).
     pub(crate) fn respects_queue(&self) -> bool {
-        self.lock.settings().fair || self.core.just_handed_over(&self.keys.lock)
+        self.settings.fair || self.core.just_handed_over(&self.keys.lock)
     }
 
     /// Waits for the lock (from `started`, for `wait`), in the queue of
@@ -303,7 +318,7 @@ impl Acquisition<'_> {
     ) -> Result<LockGuard, LockError> {
         let token = new_token()?;
         let mut unknown = Unknown::new(self, &token);
-        let fair = self.lock.settings().fair;
+        let fair = self.settings.fair;
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
@@ -347,7 +362,7 @@ impl Acquisition<'_> {
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(LockError::WaitTimeout {
-                    key: self.lock.name_str().to_owned(),
+                    key: self.name.to_owned(),
                     waited: now - started,
                 });
             }
@@ -388,8 +403,8 @@ impl Acquisition<'_> {
         linger: bool,
         pass: Option<Arc<PendingPass>>,
     ) -> LockGuard {
-        let settings = self.lock.settings();
-        tracing::debug!(lock = %self.lock.name_str(), ?fencing_token, "acquired");
+        let settings = &self.settings;
+        tracing::debug!(lock = %self.name, ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             linger,
             expires_by,
@@ -398,15 +413,13 @@ impl Acquisition<'_> {
         });
         let renewal = settings.renew.then(|| {
             let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
-            self.core
-                .renewer()
-                .register(Arc::clone(&hold), renew_until)
+            self.core.renewer().register(Arc::clone(&hold), renew_until)
         });
         LockGuard::new(hold, renewal)
     }
 
     fn acquired(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> Acquired {
-        let settings = self.lock.settings();
+        let settings = &self.settings;
         Acquired {
             core: Arc::clone(&self.core),
             keys: self.keys.clone(),
@@ -439,7 +452,7 @@ impl Acquisition<'_> {
     ) -> Result<Attempt, LockError> {
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();
-        let fencing = self.lock.settings().fencing;
+        let fencing = self.settings.fencing;
         let request = AcquireRequest {
             keys: &self.keys,
             token: unknown.token,
@@ -530,7 +543,7 @@ impl<'a> Unknown<'a> {
             None => (self.last_sent, None),
             Some(remaining) => {
                 let expiry = self.last_sent + remaining;
-                let ttl = self.acquisition.lock.settings().ttl;
+                let ttl = self.acquisition.settings.ttl;
                 (
                     expiry.checked_sub(ttl).unwrap_or(self.last_sent),
                     Some(expiry),
@@ -583,7 +596,11 @@ impl Drop for QueuePlace<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // the place expires after WAITER_TIMEOUT
         };
-        let (core, keys, member) = (Arc::clone(self.core), self.keys.clone(), self.member.clone());
+        let (core, keys, member) = (
+            Arc::clone(self.core),
+            self.keys.clone(),
+            self.member.clone(),
+        );
         runtime.spawn(async move {
             // Best effort: a place not given up expires after WAITER_TIMEOUT.
             let _ = core.backend().leave(&keys, &member).await;

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
-use crate::lease::cohort::{Next, Passed, Waiter};
-use crate::error::{LockError, LostCause};
 use crate::backend::{Found, Pass};
+use crate::error::{LockError, LostCause};
+use crate::lease::cohort::{Next, Passed, Waiter};
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
 use crate::lease::release::{release, spawn_release};
 

@@ -6,6 +6,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod cohort;
+pub(crate) mod guard;
 pub(crate) mod hold;
 pub(crate) mod local_handoff;
 pub(crate) mod release;

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{LockError, LostCause};
 use crate::backend::Found;
+use crate::error::{LockError, LostCause};
 use crate::lease::hold::{drift_margin, Hold};
-
 
 /// Compare-and-delete (or, with `hold_at_least`, compare-and-keep), and wake
 /// the waiter the lock's mark names: one backend round trip, retried on a
@@ -36,14 +35,13 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     // done the work: finding the key gone or another's while the lock was
     // still valid is then a success.
     let earlier_may_have_run = may_have_run || reply.retried;
-    let found = if reply.found != Found::Mine
-        && earlier_may_have_run
-        && reply.sent_at < hold.valid_until()
-    {
-        Found::Mine
-    } else {
-        reply.found
-    };
+    let found =
+        if reply.found != Found::Mine && earlier_may_have_run && reply.sent_at < hold.valid_until()
+        {
+            Found::Mine
+        } else {
+            reply.found
+        };
     let lost = |cause| LockError::Lost {
         key: hold.name().to_owned(),
         cause,

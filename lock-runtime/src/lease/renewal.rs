@@ -24,7 +24,6 @@ use crate::backend::{Backend, Found, RenewItem};
 use crate::error::LostCause;
 use crate::lease::hold::{drift_margin, Hold};
 
-
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
 /// lets locks acquired at different times converge into the same round
@@ -346,8 +345,6 @@ impl Renewer {
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.backend
-            .renew(&items, &self.counters.round_trips)
-            .await
+        self.backend.renew(&items, &self.counters.round_trips).await
     }
 }

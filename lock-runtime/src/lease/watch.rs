@@ -13,10 +13,10 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::futures::TaskLocalFuture;
 
-use crate::lease::Core;
 use crate::error::LostCause;
-use crate::lease::hold::Hold;
 use crate::keys::LockKeys;
+use crate::lease::hold::Hold;
+use crate::lease::Core;
 
 /// A body running under a held lock: the locks held up this task's call
 /// chain form a chain of scopes, innermost first.

@@ -1,8 +1,8 @@
 //! A held lock: its release, its renewal registration, and running a body
 //! under it.
 
-use crate::lease::cohort::Next;
 use crate::error::{LockError, LostCause};
+use crate::lease::cohort::Next;
 use crate::lease::hold::Hold;
 use crate::lease::local_handoff::{next_step, pass_on, pass_to, DissolveOnDrop};
 use crate::lease::release::{release, spawn_release};
