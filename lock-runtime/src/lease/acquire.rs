@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed};
 use crate::lease::guard::{LockGuard, OnLost};
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::local_handoff::pass_on;
 use crate::lease::release::spawn_release;
 
@@ -132,17 +132,10 @@ impl Drop for Queued<'_> {
         // Closed first: a pass sent from now on fails, and its sender
         // passes the lock on; one sent before is here.
         self.receiver.close();
-        if let Ok(Passed::Lock {
-            token,
-            sent_at,
-            pass,
-            ..
-        }) = self.receiver.try_recv()
-        {
+        if let Ok(Passed::Lock { token, sent_at, .. }) = self.receiver.try_recv() {
             let hold = Hold::new(Acquired {
                 hold_at_least: None,
                 renewed: false,
-                pass,
                 ..acquisition.acquired(token, sent_at, None)
             });
             acquisition
@@ -265,10 +258,9 @@ impl Acquisition<'_> {
                     token,
                     sent_at,
                     fence,
-                    pass,
                 }) => {
                     queued.id = u64::MAX; // nothing to leave
-                    let mut guard = self.guard(token, sent_at, None, fence, false, pass);
+                    let mut guard = self.guard(token, sent_at, None, fence, false);
                     cohorts.holds(key, generation, guard.hold());
                     guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
@@ -401,14 +393,12 @@ impl Acquisition<'_> {
         expires_by: Option<Instant>,
         fencing_token: Option<u64>,
         linger: bool,
-        pass: Option<Arc<PendingPass>>,
     ) -> LockGuard {
         let settings = &self.settings;
         tracing::debug!(lock = %self.name, ?fencing_token, "acquired");
         let hold = Hold::new(Acquired {
             linger,
             expires_by,
-            pass,
             ..self.acquired(token, sent_at, fencing_token)
         });
         let renewal = settings.renew.then(|| {
@@ -433,7 +423,6 @@ impl Acquisition<'_> {
             stop_on_loss: settings.on_lost == OnLost::Stop,
             linger: false,
             expires_by: None,
-            pass: None,
         }
     }
 
@@ -556,7 +545,6 @@ impl<'a> Unknown<'a> {
             expires_by,
             fence,
             self.stalled,
-            None,
         )
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::error::LostCause;
-use crate::lease::hold::{Hold, PendingPass};
+use crate::lease::hold::Hold;
 
 /// Local passes in a row while waiters of other clients are queued.
 pub(crate) const MAX_PASSES_WHILE_QUEUED: u32 = 4;
@@ -79,13 +79,11 @@ impl Waiter {
 #[derive(Debug)]
 pub(crate) enum Passed {
     /// The lock is its own: this token is in the key, set at `sent_at` with
-    /// its ttl; or, with `pass`, will be once Redis confirms the pass (the
-    /// key holds the predecessor's token meanwhile).
+    /// its ttl.
     Lock {
         token: String,
         sent_at: Instant,
         fence: Option<u64>,
-        pass: Option<Arc<PendingPass>>,
     },
     /// No local hand-off: try through Redis.
     Redis,

@@ -169,9 +169,7 @@ impl LockGuard {
             },
             None if self.cohort.is_some() => {
                 let generation = self.cohort.unwrap_or_default();
-                // A hold passed ahead of its HANDOFF waits for it first: the
-                // count of passes `next_step` reads then includes it.
-                let _ = hold.settle_pass().await;
+
                 match next_step(&hold, generation) {
                     // In its own task, so that a cancelled `release()` cannot
                     // stop a hand-off halfway (the next holder would never be

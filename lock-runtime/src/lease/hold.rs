@@ -64,85 +64,6 @@ pub(crate) struct Acquired {
     /// The key expires no earlier than this (known when the lock was found
     /// already taken with its token, with its remaining ttl).
     pub(crate) expires_by: Option<Instant>,
-    /// Passed by another task of this client before Redis confirmed the
-    /// pass: see [`PendingPass`].
-    pub(crate) pass: Option<Arc<PendingPass>>,
-}
-
-/// An in-process pass sent ahead of its `HANDOFF` (`local_handoff.rs`): the
-/// next holder starts at once, while the key still holds its predecessor's
-/// token, which is as much this process's lock. Until Redis confirms the
-/// pass the holder's validity is its predecessor's; it sends nothing for
-/// the lock (renewal, release, a further pass) before the outcome is known.
-pub(crate) struct PendingPass {
-    /// [`PENDING`], [`CONFIRMED`], or the `LostCause` code of a pass that
-    /// failed.
-    state: AtomicU8,
-    /// The predecessor's validity deadline (nanos since `CLOCK_BASE`).
-    bound: u64,
-    settled: Notify,
-    /// The hold it was passed into, to wake its body on a failure.
-    hold: OnceLock<std::sync::Weak<Hold>>,
-}
-
-impl std::fmt::Debug for PendingPass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PendingPass")
-            .field("state", &self.state())
-            .finish_non_exhaustive()
-    }
-}
-
-const PENDING: u8 = 0;
-const CONFIRMED: u8 = u8::MAX;
-
-impl PendingPass {
-    /// A pass from a holder valid until `bound`.
-    pub(crate) fn new(bound: Instant) -> Arc<PendingPass> {
-        Arc::new(PendingPass {
-            state: AtomicU8::new(PENDING),
-            bound: to_nanos(bound),
-            settled: Notify::new(),
-            hold: OnceLock::new(),
-        })
-    }
-
-    /// Redis confirmed the pass: the next holder's own validity applies.
-    pub(crate) fn confirm(&self) {
-        self.settle(CONFIRMED);
-    }
-
-    /// The pass failed (`Expired`, `TakenOver`: the key was not the
-    /// predecessor's any more; `NotRenewed`: no answer, so the key may hold
-    /// either token): the next holder's lock is lost.
-    pub(crate) fn fail(&self, cause: LostCause) {
-        self.settle(cause.code());
-        if let Some(hold) = self.hold.get().and_then(std::sync::Weak::upgrade) {
-            if hold.renewed {
-                hold.mark_lost(cause);
-            } else {
-                hold.wake();
-            }
-        }
-    }
-
-    fn settle(&self, state: u8) {
-        let _ = self
-            .state
-            .compare_exchange(PENDING, state, Ordering::AcqRel, Ordering::Acquire);
-        self.settled.notify_waiters();
-    }
-
-    fn state(&self) -> u8 {
-        self.state.load(Ordering::Acquire)
-    }
-
-    fn failure(&self) -> Option<LostCause> {
-        match self.state() {
-            PENDING | CONFIRMED => None,
-            code => Some(LostCause::from_code(code)),
-        }
-    }
 }
 
 pub(crate) struct Hold {
@@ -178,8 +99,6 @@ pub(crate) struct Hold {
     /// Wakes every body run under this hold when it is lost or released;
     /// made by the first body that needs it.
     lost_signal: OnceLock<Arc<Notify>>,
-    /// A pass into this hold not yet confirmed by Redis (or settled since).
-    pass: Option<Arc<PendingPass>>,
 }
 
 impl Hold {
@@ -202,11 +121,10 @@ impl Hold {
             stop_on_loss,
             linger,
             expires_by,
-            pass,
         } = acquired;
         let expiry = expires_by.map_or(sent_at + ttl, |by| by.min(sent_at + ttl));
         let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
-        let hold = Arc::new(Hold {
+        Arc::new(Hold {
             core,
             keys,
             token,
@@ -222,42 +140,7 @@ impl Hold {
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
-            pass,
-        });
-        if let Some(pass) = &hold.pass {
-            let _ = pass.hold.set(Arc::downgrade(&hold));
-            if let Some(cause) = pass.failure() {
-                // Failed before the hold existed.
-                if hold.renewed {
-                    hold.mark_lost(cause);
-                }
-            }
-        }
-        hold
-    }
-
-    /// Whether Redis has yet to confirm the pass that gave this hold.
-    pub(crate) fn pass_pending(&self) -> bool {
-        self.pass
-            .as_ref()
-            .is_some_and(|pass| pass.state() == PENDING)
-    }
-
-    /// Waits until the pass that gave this hold (if any) is confirmed or
-    /// failed; returns the failure. Every call that sends this hold's
-    /// token waits for it, so that it reaches Redis after the `HANDOFF`
-    /// that put the token there.
-    pub(crate) async fn settle_pass(&self) -> Option<LostCause> {
-        let pass = self.pass.as_ref()?;
-        loop {
-            let settled = pass.settled.notified();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            if pass.state() != PENDING {
-                return pass.failure();
-            }
-            settled.await;
-        }
+        })
     }
 
     /// Whether this holds the same lock (same Redis, same key) as `other`.
@@ -275,12 +158,7 @@ impl Hold {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        let until = self.valid_until.load(Ordering::Acquire);
-        from_nanos(match &self.pass {
-            // Not confirmed yet (or failed): no longer than its predecessor.
-            Some(pass) if pass.state() != CONFIRMED => until.min(pass.bound),
-            _ => until,
-        })
+        from_nanos(self.valid_until.load(Ordering::Acquire))
     }
 
     /// A renewal sent at `sent_at` was confirmed: the key lives at least
@@ -327,9 +205,7 @@ impl Hold {
         if let Some(cause) = self.reported_loss() {
             return Some(cause);
         }
-        if let Some(cause) = self.pass.as_ref().and_then(|pass| pass.failure()) {
-            return Some(cause);
-        }
+
         if now < self.valid_until() {
             return None;
         }
@@ -359,12 +235,7 @@ impl Hold {
     }
 
     pub(crate) fn remaining(&self) -> Duration {
-        if self.lost.load(Ordering::Acquire) != 0
-            || self
-                .pass
-                .as_ref()
-                .is_some_and(|pass| pass.failure().is_some())
-        {
+        if self.lost.load(Ordering::Acquire) != 0 {
             return Duration::ZERO;
         }
         self.valid_until().saturating_duration_since(Instant::now())

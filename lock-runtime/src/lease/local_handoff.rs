@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use crate::backend::{Found, Pass};
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter};
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold, PendingPass};
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::release::{release, spawn_release};
 
 use crate::token::new_token;
@@ -22,9 +22,6 @@ use crate::token::new_token;
 /// cohort; or, with nobody waiting here, releases it.
 fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
-        // After this hold's own pass is confirmed, so that the count of
-        // passes `next_step` reads includes it.
-        let _ = hold.settle_pass().await;
         match next_step(&hold, generation) {
             Next::Pass(waiter) => pass_to(hold, generation, waiter).await,
             Next::Release => release_then_dissolve(&hold, generation).await,
@@ -110,14 +107,6 @@ pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
 }
 
 /// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
-///
-/// A waiter that needs no fencing token is told at once, before the
-/// `HANDOFF` is sent ("early pass"): the key holds this process's token
-/// either way, so the next task starts without waiting for a round trip;
-/// its validity is `hold`'s until Redis confirms the pass, and its hold
-/// sends nothing to Redis before then. Only when `hold` is valid for longer
-/// than the `HANDOFF` call can take: its outcome is known before that
-/// validity ends.
 pub(crate) fn pass_to(
     hold: Arc<Hold>,
     generation: u64,
@@ -127,16 +116,6 @@ pub(crate) fn pass_to(
         let core = Arc::clone(&hold.core);
         let cohorts = core.cohorts();
         let key = &hold.keys.lock;
-        let lost = |cause| LockError::Lost {
-            key: hold.name().to_owned(),
-            cause,
-        };
-        // This hold's own pass must be in Redis before its token is used.
-        if let Some(cause) = hold.settle_pass().await {
-            let _ = waiter.send(Passed::Redis);
-            cohorts.dissolve(key, generation);
-            return Err(lost(cause));
-        }
         let token = match new_token() {
             Ok(token) => token,
             Err(error) => {
@@ -162,66 +141,27 @@ pub(crate) fn pass_to(
                 stop_on_loss: false,
                 linger,
                 expires_by: None,
-                pass: None,
             })
         };
-        // (Not `remaining()`: the hold is marked released already.)
-        let left = hold.valid_until().saturating_duration_since(Instant::now());
-        let early = !waiter.fencing && left > core.call_deadline();
-        let pass = early.then(|| PendingPass::new(hold.valid_until()));
-        let waiter = match &pass {
-            Some(pass) => {
-                let told = waiter.send(Passed::Lock {
-                    token: token.clone(),
-                    sent_at,
-                    fence: None,
-                    pass: Some(Arc::clone(pass)),
-                });
-                if told.is_err() {
-                    // The waiter gave up: nothing was sent, the lock is
-                    // still this hold's. Pass it to the next one, or release.
-                    return pass_or_release(hold, generation).await;
-                }
-                None
-            }
-            None => Some(waiter),
-        };
-        let fencing = waiter.as_ref().is_some_and(|waiter| waiter.fencing);
-        match handoff(&hold, &token, ttl_ms, fencing).await {
+        match handoff(&hold, &token, ttl_ms, waiter.fencing).await {
             Ok((fence, queued)) => {
                 cohorts.passed(key, generation, queued);
-                match (pass, waiter) {
-                    (Some(pass), _) => pass.confirm(),
-                    (None, Some(waiter)) => {
-                        let passed = Passed::Lock {
-                            token: token.clone(),
-                            sent_at,
-                            fence,
-                            pass: None,
-                        };
-                        if waiter.send(passed).is_err() {
-                            // The waiter gave up meanwhile: the lock holds a
-                            // token nobody has; pass it on, or release it.
-                            let orphan = next(false);
-                            cohorts.holds(key, generation, &orphan);
-                            pass_on(orphan, generation);
-                        }
-                    }
-                    (None, None) => {}
+                let passed = Passed::Lock {
+                    token: token.clone(),
+                    sent_at,
+                    fence,
+                };
+                if waiter.send(passed).is_err() {
+                    // The waiter gave up meanwhile: the lock holds a token
+                    // nobody has; pass it on, or release it.
+                    let orphan = next(false);
+                    cohorts.holds(key, generation, &orphan);
+                    pass_on(orphan, generation);
                 }
                 Ok(())
             }
             Err(error) => {
-                match (&pass, waiter) {
-                    (Some(pass), _) => pass.fail(match &error {
-                        LockError::Lost { cause, .. } => *cause,
-                        _ => LostCause::NotRenewed,
-                    }),
-                    (None, Some(waiter)) => {
-                        let _ = waiter.send(Passed::Redis);
-                    }
-                    (None, None) => {}
-                }
+                let _ = waiter.send(Passed::Redis);
                 cohorts.dissolve(key, generation);
                 if let LockError::Redis { .. } = error {
                     // Unknown outcome: the key may hold the next token.

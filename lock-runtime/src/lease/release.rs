@@ -18,13 +18,6 @@ use crate::lease::hold::{drift_margin, Hold};
 /// the key gone or another holder's token in it while the lock was still
 /// valid means that earlier release did its work: not a loss.
 pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
-    // A hold passed ahead of its `HANDOFF`: after it, or not at all.
-    if let Some(cause) = hold.settle_pass().await {
-        return Err(LockError::Lost {
-            key: hold.name().to_owned(),
-            cause,
-        });
-    }
     let keep_ms = hold.keep_for().as_millis() as u64;
     let reply = hold
         .core

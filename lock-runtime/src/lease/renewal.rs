@@ -236,7 +236,6 @@ impl Renewer {
         let mut guard = self.registry();
         let registry = &mut *guard;
         let mut batch = Vec::new();
-        let mut deferred = Vec::new();
         while let Some(&(at, id)) = registry.due.first() {
             let Some(entry) = registry.entries.get_mut(&id) else {
                 registry.due.pop_first();
@@ -258,17 +257,10 @@ impl Renewer {
                 registry.remove(id);
                 continue;
             }
-            if entry.hold.pass_pending() {
-                // Passed in-process, its HANDOFF not confirmed yet (a slow
-                // answer): the key may still hold the predecessor's token.
-                deferred.push((id, now + retry_delay(entry.hold.ttl)));
-                continue;
-            }
+
             batch.push((id, Arc::clone(&entry.hold)));
         }
-        for (id, at) in deferred {
-            registry.schedule(id, at);
-        }
+
         (batch, registry.due.first().map(|&(at, _)| at))
     }
 

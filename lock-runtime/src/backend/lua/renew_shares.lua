@@ -1,0 +1,45 @@
+-- renew_shares: renews many shares of one client in one call (read/write
+-- lock reader shares, semaphore permits): each a member of a ZSET whose
+-- score is the share's expiry in ms on the server clock.
+--
+-- KEYS = the ZSET key of each share (one a share; a key may repeat).
+-- ARGV = member_1, ttl_ms_1, member_2, ttl_ms_2, ...
+-- Returns one code a share: 1 renewed (score now + ttl, and the key's ttl
+--         made at least ttl, never shortened: other shares may last longer),
+--         0 lost: the member was expired (it is removed) or absent (nothing
+--         is created).
+--
+-- A renewal touches only the caller's own members: a dead holder's share is
+-- never kept alive by another's renewal. A semaphore key left with nothing
+-- but its capacity member (nobody holds) is deleted.
+
+local now_us = false
+local function now_ms()
+  if not now_us then
+    local now = redis.call('TIME')
+    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  return math.floor(now_us / 1000)
+end
+
+local result = {}
+for i, key in ipairs(KEYS) do
+  local member, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local expiry = tonumber(redis.call('ZSCORE', key, member))
+  if expiry and expiry > now_ms() then
+    redis.call('ZADD', key, 'XX', now_ms() + ttl, member)
+    local left = redis.call('PTTL', key)
+    if left == -1 or (left >= 0 and left < ttl) then redis.call('PEXPIRE', key, ttl) end
+    result[i] = 1
+  else
+    if expiry then
+      redis.call('ZREM', key, member)
+      if redis.call('ZCARD', key) == 1 then
+        local only = redis.call('ZRANGE', key, '0', '0')[1]
+        if string.sub(only, 1, 10) == '#capacity:' then redis.call('DEL', key) end
+      end
+    end
+    result[i] = 0
+  end
+end
+return result
