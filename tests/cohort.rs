@@ -206,27 +206,7 @@ async fn a_local_waiter_that_gives_up_leaves_no_lock_behind() {
 async fn a_passed_hold_has_its_own_ttl_and_renewal() {
     let server = RedisServer::start();
     let client = client(&server);
-    // The holder waits for another client's lock, so it holds it for its
-    // client's cohort (a free lock is taken with a plain SET NX, outside any
-    // cohort, and released plainly).
-    let first = Lock::new("own")
-        .client(self::client(&server))
-        .acquire()
-        .await
-        .unwrap();
-    let holder = tokio::spawn({
-        let lock = Lock::new("own")
-            .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(30))
-            .client(client.clone());
-        async move { lock.acquire().await.unwrap() }
-    });
-    wait_until_async("the holder waits", LINE_TIMEOUT, || {
-        redis(&server, &["LLEN", "lock:{own}:queue"]) == ":1\r\n"
-    })
-    .await;
-    first.release().await.unwrap();
-    let holder = holder.await.unwrap();
+    let holder = cohort_holder(&server, &client, "own", Duration::from_secs(30)).await;
     let waiter = tokio::spawn({
         let lock = Lock::new("own")
             .ttl(Duration::from_millis(300))
@@ -379,36 +359,6 @@ fn a_guard_dropped_at_runtime_shutdown_leaves_the_client_usable() {
     });
 }
 
-/// Makes `client` hold `key` for its cohort: the lock is first held by
-/// another client, so `client`'s acquire waits in Redis as its
-/// representative (a free lock is taken with a plain SET NX, outside any
-/// cohort, and released plainly).
-async fn cohort_holder(
-    server: &RedisServer,
-    client: &Client,
-    key: &str,
-) -> lock_runtime::LockGuard {
-    let first = Lock::new(key)
-        .client(self::client(server))
-        .acquire()
-        .await
-        .unwrap();
-    let holder = tokio::spawn({
-        let lock = Lock::new(key)
-            .ttl(Duration::from_secs(30))
-            .wait(Duration::from_secs(30))
-            .client(client.clone());
-        async move { lock.acquire().await.unwrap() }
-    });
-    let queue = format!("lock:{{{key}}}:queue");
-    wait_until_async("the holder waits in Redis", LINE_TIMEOUT, || {
-        redis(server, &["LLEN", &queue]) == ":1\r\n"
-    })
-    .await;
-    first.release().await.unwrap();
-    holder.await.unwrap()
-}
-
 /// A pass that Redis refuses (the key was no longer the passer's: here
 /// another holder's token, as after a failover that lost the key) does not
 /// start the task it was meant for: that task goes to Redis and waits there
@@ -418,7 +368,7 @@ async fn cohort_holder(
 async fn a_pass_redis_refuses_does_not_start_the_next_task() {
     let server = RedisServer::start();
     let client = client(&server);
-    let holder = cohort_holder(&server, &client, "refused").await;
+    let holder = cohort_holder(&server, &client, "refused", Duration::from_secs(30)).await;
     let (told, mut started) = tokio::sync::oneshot::channel();
     let waiter = tokio::spawn({
         let lock = Lock::new("refused")

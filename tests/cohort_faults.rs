@@ -16,39 +16,9 @@ fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
 }
 
-/// `client` becomes the cohort holder of `key` (its acquire waits in Redis
-/// behind another client's, so it is the cohort's representative).
-async fn cohort_holder(
-    server: &RedisServer,
-    client: &Client,
-    key: &str,
-    ttl: Duration,
-) -> lock_runtime::LockGuard {
-    let first = Lock::new(key)
-        .client(self::client(server))
-        .acquire()
-        .await
-        .unwrap();
-    let holder = tokio::spawn({
-        let lock = Lock::new(key)
-            .ttl(ttl)
-            .wait(Duration::from_secs(30))
-            .client(client.clone());
-        async move { lock.acquire().await.unwrap() }
-    });
-    let queue = format!("lock:{{{key}}}:queue");
-    wait_until_async("the holder waits in Redis", LINE_TIMEOUT, || {
-        redis(server, &["LLEN", &queue]) == ":1\r\n"
-    })
-    .await;
-    first.release().await.unwrap();
-    holder.await.unwrap()
-}
-
 /// A renewed holder whose renewal found the key taken by another client is
-/// stopped; `Lock::run` drops its guard, and the drop passes the lock on.
-/// The loss is known, yet the next task is passed the lock early and starts
-/// while the other client holds the key.
+/// stopped, and `Lock::run` drops its guard: the loss is known, so the next
+/// task of the process must not start while the other client holds the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_known_lost_does_not_start_the_next_task() {
     let server = RedisServer::start();
@@ -123,12 +93,10 @@ async fn a_holder_known_lost_does_not_start_the_next_task() {
 }
 
 /// `release()` cancelled while its hand-off task waits to retry a HANDOFF
-/// whose connection broke: the guard's drop releases the passer's token in
-/// the background at once, before the HANDOFF's retry, while the next task
-/// already runs on the early pass. Another client then takes the key while
-/// that task is inside its section.
+/// whose connection broke: whatever the guard's drop sends, the next task
+/// must not be inside its section while another client can take the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_release_does_not_free_the_key_under_an_early_pass() {
+async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
     let server = RedisServer::start();
     let proxy = test_support::Proxy::start(server.port());
     let client = Client::new(Config::new(proxy.url())).unwrap();
@@ -186,11 +154,9 @@ async fn a_cancelled_release_does_not_free_the_key_under_an_early_pass() {
     );
 }
 
-/// A HANDOFF without an answer (timed out): the task passed the lock early is
-/// already inside its section, and the key holds either token of this
-/// process until that task's validity (its predecessor's) ends. Both tokens
-/// are released in the background at once, so another client takes the key
-/// while the (unrenewed) task is still inside.
+/// A HANDOFF without an answer (timed out): both tokens are released in the
+/// background, so the task the lock was meant for must not be inside its
+/// section when another client takes the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
     let server = RedisServer::start();
@@ -260,9 +226,8 @@ async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
 }
 
 /// The hand-off task runs on the runtime of the passer; if that runtime shuts
-/// down after the early pass and before the HANDOFF's answer, the pass never
-/// settles, and the next holder (on another runtime of the same client)
-/// waits for it forever in its release.
+/// down before the HANDOFF's answer, the next holder (on another runtime of
+/// the same client) must not be left waiting forever.
 #[test]
 fn a_pass_dropped_unsettled_does_not_hang_the_next_holder() {
     let server = RedisServer::start();

@@ -9,13 +9,20 @@ use std::time::{Duration, Instant};
 
 use redis::{Connection, FromRedisValue};
 
-const RW_ACQUIRE: &str = include_str!("../lock-runtime/src/backend/lua/rw_acquire.lua");
-const RW_RELEASE: &str = include_str!("../lock-runtime/src/backend/lua/rw_release.lua");
-const RW_LEAVE: &str = include_str!("../lock-runtime/src/backend/lua/rw_leave.lua");
-const SEM_ACQUIRE: &str = include_str!("../lock-runtime/src/backend/lua/semaphore_acquire.lua");
-const SEM_RELEASE: &str = include_str!("../lock-runtime/src/backend/lua/semaphore_release.lua");
-const SEM_LEAVE: &str = include_str!("../lock-runtime/src/backend/lua/semaphore_leave.lua");
-const RENEW_SHARES: &str = include_str!("../lock-runtime/src/backend/lua/renew_shares.lua");
+/// A script: the helper files it is preceded by, then its own file.
+macro_rules! script {
+    ($($file:literal),+) => {
+        concat!($(include_str!(concat!("../lock-runtime/src/backend/lua/", $file))),+)
+    };
+}
+
+const RW_ACQUIRE: &str = script!("shares.lua", "rw_acquire.lua");
+const RW_RELEASE: &str = script!("shares.lua", "rw_wake.lua", "rw_release.lua");
+const RW_LEAVE: &str = script!("shares.lua", "rw_wake.lua", "rw_leave.lua");
+const SEM_ACQUIRE: &str = script!("shares.lua", "semaphore.lua", "semaphore_acquire.lua");
+const SEM_RELEASE: &str = script!("shares.lua", "semaphore.lua", "semaphore_release.lua");
+const SEM_LEAVE: &str = script!("shares.lua", "semaphore.lua", "semaphore_leave.lua");
+const RENEW_SHARES: &str = script!("shares.lua", "renew_shares.lua");
 
 /// Keys of the read/write lock `rw`: writer, readers, queue, deadlines, fence.
 const RW: [&str; 5] = ["{rw}:w", "{rw}:r", "{rw}:q", "{rw}:d", "{rw}:f"];

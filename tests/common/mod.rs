@@ -50,3 +50,32 @@ pub async fn wait_until_async(what: &str, timeout: Duration, mut condition: impl
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Makes `client` hold `key` for its cohort (the in-process hand-off): the
+/// lock is first held by another client, so `client`'s acquire waits in
+/// Redis as its representative (a free lock is taken with a plain SET NX,
+/// outside any cohort, and released plainly).
+pub async fn cohort_holder(
+    server: &RedisServer,
+    client: &lock_runtime::Client,
+    key: &str,
+    ttl: Duration,
+) -> lock_runtime::LockGuard {
+    use lock_runtime::{Client, Config, Lock};
+    let other = Client::new(Config::new(server.url())).unwrap();
+    let first = Lock::new(key).client(other).acquire().await.unwrap();
+    let holder = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(ttl)
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    let queue = format!("lock:{{{key}}}:queue");
+    wait_until_async("the holder waits in Redis", LINE_TIMEOUT, || {
+        redis(server, &["LLEN", &queue]) == ":1\r\n"
+    })
+    .await;
+    first.release().await.unwrap();
+    holder.await.unwrap()
+}

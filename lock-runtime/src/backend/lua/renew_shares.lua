@@ -12,15 +12,8 @@
 -- A renewal touches only the caller's own members: a dead holder's share is
 -- never kept alive by another's renewal. A semaphore key left with nothing
 -- but its capacity member (nobody holds) is deleted.
-
-local now_us = false
-local function now_ms()
-  if not now_us then
-    local now = redis.call('TIME')
-    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  end
-  return math.floor(now_us / 1000)
-end
+--
+-- Preceded by shares.lua.
 
 local result = {}
 for i, key in ipairs(KEYS) do

@@ -33,19 +33,12 @@
 -- or the caller's entry is first). Waiters that stopped refreshing their
 -- place (the whole queue, never the caller's own entry) and expired reader
 -- shares are removed first.
+--
+-- Preceded by shares.lua.
 
 local mode, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local timeout = tonumber(ARGV[5])
 local entry = ARGV[8]
-
-local now_us = false
-local function now_ms()
-  if not now_us then
-    local now = redis.call('TIME')
-    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  end
-  return math.floor(now_us / 1000)
-end
 
 local function fence_now()
   if ARGV[4] == '0' then return 0 end
@@ -60,14 +53,6 @@ end
 local function fence_held()
   if ARGV[4] == '0' then return 0 end
   return tonumber(redis.call('GET', KEYS[5])) or 0
-end
-
--- sets key's ttl to ms unless it already has a longer one
-local function expire_at_least(key, ms)
-  local left = redis.call('PTTL', key)
-  if left == -1 or (left >= 0 and left < ms) then
-    redis.call('PEXPIRE', key, ms)
-  end
 end
 
 if ARGV[9] == '1' then

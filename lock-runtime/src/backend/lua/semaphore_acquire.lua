@@ -33,6 +33,8 @@
 -- them may enter in any order without overtaking one that does not fit.
 -- Waiters that stopped refreshing their place are dropped from the whole
 -- queue (never the caller's own entry: it is refreshing right now).
+--
+-- Preceded by shares.lua and semaphore.lua.
 
 local token, ttl = ARGV[1], tonumber(ARGV[2])
 local k, n = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -40,30 +42,6 @@ local timeout = tonumber(ARGV[5])
 local entry = ARGV[8]
 local member = ARGV[3] .. '|' .. token
 if not k or k < 1 or not n then return redis.error_reply('ERR semaphore: k must be >= 1 and N a number') end
-
-local now_us = false
-local function now_ms()
-  if not now_us then
-    local now = redis.call('TIME')
-    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  end
-  return math.floor(now_us / 1000)
-end
-
--- sets key's ttl to ms unless it already has a longer one
-local function expire_at_least(key, ms)
-  local left = redis.call('PTTL', key)
-  if left == -1 or (left >= 0 and left < ms) then
-    redis.call('PEXPIRE', key, ms)
-  end
-end
-
--- the k of a member `<k>|<token>` or an entry `<k>|<channel>|<token>`
-local function permits(value)
-  local bar = string.find(value, '|', 1, true)
-  if not bar then return 0 end
-  return tonumber(string.sub(value, 1, bar - 1)) or 0
-end
 
 if ARGV[9] == '1' then
   local expiry = tonumber(redis.call('ZSCORE', KEYS[1], member))

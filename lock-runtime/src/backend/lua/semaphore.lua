@@ -1,0 +1,53 @@
+-- Helpers of the semaphore scripts (after shares.lua): permits(value), the k
+-- of a member or entry; capacity(), the stored capacity, deleting the key
+-- when nobody holds; wake(n), which drops dead waiters and tells the waiters
+-- from the head whose permits fit in capacity n, in order, up to the first
+-- that does not.
+
+-- the k of a member `<k>|<token>` or an entry `<k>|<channel>|<token>`
+local function permits(value)
+  local bar = string.find(value, '|', 1, true)
+  if not bar then return 0 end
+  return tonumber(string.sub(value, 1, bar - 1)) or 0
+end
+
+-- the stored capacity (false if none), deleting the key when nobody holds
+local function capacity()
+  local held = redis.call('ZRANGE', KEYS[1], '0', '-1')
+  local stored = false
+  for _, holder in ipairs(held) do
+    if string.sub(holder, 1, 10) == '#capacity:' then stored = tonumber(string.sub(holder, 11)) end
+  end
+  if stored and #held == 1 then redis.call('DEL', KEYS[1]) end
+  return stored
+end
+
+-- drops dead waiters, then tells the waiters from the head of the queue
+-- whose permits fit in capacity n, in order, up to the first that does not
+local function wake(n)
+  local live = {}
+  for _, queued in ipairs(redis.call('LRANGE', KEYS[2], '0', '-1')) do
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[3], queued))
+    if deadline and deadline > now_ms() then
+      live[#live + 1] = queued
+    else
+      redis.call('LREM', KEYS[2], '0', queued)
+      redis.call('ZREM', KEYS[3], queued)
+    end
+  end
+  if #live == 0 or not n then return end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
+  local used = 0
+  for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], '0', '-1')) do
+    if string.sub(holder, 1, 1) ~= '#' then used = used + permits(holder) end
+  end
+  local woken = {}
+  for _, queued in ipairs(live) do
+    used = used + permits(queued)
+    if used > n then break end
+    woken[#woken + 1] = queued
+  end
+  publish(woken)
+  capacity()
+end
+

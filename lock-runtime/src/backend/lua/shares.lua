@@ -1,0 +1,50 @@
+-- Helpers of the shared-holder kinds (read/write locks, semaphores), put in
+-- front of their scripts: now_ms() (the server clock in ms, read once per
+-- script), expire_at_least(key, ms), and publish(entries), which tells the
+-- waiters of queue entries `<anything>|<channel>|<token>` with ONE PUBLISH
+-- per channel whose message is the space-separated tokens.
+
+local now_us = false
+local function now_ms()
+  if not now_us then
+    local now = redis.call('TIME')
+    now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  end
+  return math.floor(now_us / 1000)
+end
+
+-- sets key's ttl to ms unless it already has a longer one
+local function expire_at_least(key, ms)
+  local left = redis.call('PTTL', key)
+  if left == -1 or (left >= 0 and left < ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- `<mode or k>|<channel>|<token>` -> channel, token (false for a malformed entry)
+local function split(entry)
+  local a = string.find(entry, '|', 1, true)
+  if not a then return false end
+  local b = string.find(entry, '|', a + 1, true)
+  if not b then return false end
+  return string.sub(entry, a + 1, b - 1), string.sub(entry, b + 1)
+end
+
+-- one PUBLISH per channel: the space-separated tokens of its entries
+local function publish(entries)
+  local channels, tokens = {}, {}
+  for _, entry in ipairs(entries) do
+    local channel, token = split(entry)
+    if channel then
+      if not tokens[channel] then
+        channels[#channels + 1] = channel
+        tokens[channel] = {}
+      end
+      table.insert(tokens[channel], token)
+    end
+  end
+  for _, channel in ipairs(channels) do
+    redis.call('PUBLISH', channel, table.concat(tokens[channel], ' '))
+  end
+end
+
