@@ -211,7 +211,7 @@ impl Client {
     /// in Redis (see the README's "In-process hand-off"). 0 for an invalid
     /// name.
     pub fn waiting_in_process(&self, name: &str) -> usize {
-        LockKeys::new(self.key_prefix(), name)
+        LockKeys::new(self.key_prefix(), name, "")
             .map_or(0, |keys| self.inner.core.cohorts().waiting(&keys.lock))
     }
 

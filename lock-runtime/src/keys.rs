@@ -19,19 +19,33 @@ pub(crate) struct LockKeys {
     pub(crate) lock: String,
     /// Where the lock's name starts in `lock` (after the prefix and `{`).
     name_start: usize,
+    /// Where it ends (before the `}` and the kind's suffix).
+    name_end: usize,
 }
 
 impl LockKeys {
-    pub(crate) fn new(prefix: &str, name: &str) -> Result<LockKeys, LockError> {
+    /// The keys of the lock `name`; `suffix` follows the hash tag (the lock
+    /// kind's, see `Kind::key_suffix`).
+    pub(crate) fn new(prefix: &str, name: &str, suffix: &str) -> Result<LockKeys, LockError> {
+        let mut lock = lock_key(prefix, name)?;
+        let name_end = lock.len() - 1;
+        lock.push_str(suffix);
         Ok(LockKeys {
-            lock: lock_key(prefix, name)?,
+            lock,
             name_start: prefix.len() + 1,
+            name_end,
         })
     }
 
-    /// The lock's name, as given: the key without its prefix and hash tag.
+    /// The lock's name, as given: the key without its prefix, hash tag and
+    /// suffix.
     pub(crate) fn name(&self) -> &str {
-        &self.lock[self.name_start..self.lock.len() - 1]
+        &self.lock[self.name_start..self.name_end]
+    }
+
+    /// A read/write lock's reader shares (a sorted set: token -> expiry).
+    pub(crate) fn readers(&self) -> DerivedKey<'_> {
+        DerivedKey(&self.lock, ":readers")
     }
 
     /// The last fencing token handed out (expires after a retention period).
@@ -96,7 +110,8 @@ pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
     }
     // Built in one allocation: `format!` costs several times more on a path
     // taken for every lock and unlock.
-    let mut key = String::with_capacity(prefix.len() + name.len() + 2);
+    // Room for a kind's suffix too (`:sem`).
+    let mut key = String::with_capacity(prefix.len() + name.len() + 6);
     key.push_str(prefix);
     key.push('{');
     key.push_str(name);
@@ -115,8 +130,11 @@ mod tests {
 
     #[test]
     fn derived_keys_share_the_hash_tag() {
-        let keys = super::LockKeys::new("lock:", "order:42").unwrap();
+        let keys = super::LockKeys::new("lock:", "order:42", "").unwrap();
         assert_eq!(keys.name(), "order:42");
+        let rw = super::LockKeys::new("lock:", "order:42", ":rw").unwrap();
+        assert_eq!(rw.name(), "order:42");
+        assert_eq!(rw.readers().to_string(), "lock:{order:42}:rw:readers");
         for key in [keys.fence(), keys.queue(), keys.waiters()].map(|key| key.to_string()) {
             assert!(key.starts_with("lock:{order:42}:"), "{key}");
         }

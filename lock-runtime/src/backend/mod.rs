@@ -26,14 +26,55 @@ pub(crate) use connection::retryable;
 pub(crate) use notify::{wait_for, Notifier, Subscription};
 pub(crate) use single::SingleNode;
 
-/// One attempt to take an exclusive lock.
+/// Which primitive a lock is: its keys, its scripts, what its holders share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// One holder at a time.
+    Exclusive,
+    /// A read share of a read/write lock: many readers, no writer.
+    Read,
+    /// The write side of a read/write lock: one writer, no reader.
+    Write,
+    /// `permits` of a semaphore's `capacity`: at most `capacity` permits
+    /// held at once.
+    Semaphore { capacity: u32, permits: u32 },
+}
+
+impl Kind {
+    /// What follows the hash tag in the kind's Redis keys: an exclusive lock
+    /// `order:42` lives at `lock:{order:42}`, its read/write lock at
+    /// `lock:{order:42}:rw` and its semaphore at `lock:{order:42}:sem`:
+    /// separate keys, so one name used as two kinds is two locks.
+    pub(crate) fn key_suffix(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "",
+            Kind::Read | Kind::Write => ":rw",
+            Kind::Semaphore { .. } => ":sem",
+        }
+    }
+
+    /// The waiter's entry in the kind's queue: `<channel>|<token>` for the
+    /// exclusive lock, `<r|w>|<channel>|<token>` for a read/write lock,
+    /// `<permits>|<channel>|<token>` for a semaphore.
+    pub(crate) fn queue_entry(self, channel: &str, token: &str) -> String {
+        match self {
+            Kind::Exclusive => format!("{channel}|{token}"),
+            Kind::Read => format!("r|{channel}|{token}"),
+            Kind::Write => format!("w|{channel}|{token}"),
+            Kind::Semaphore { permits, .. } => format!("{permits}|{channel}|{token}"),
+        }
+    }
+}
+
+/// One attempt to take a lock.
 pub(crate) struct AcquireRequest<'a> {
+    pub(crate) kind: Kind,
     pub(crate) keys: &'a LockKeys,
     pub(crate) token: &'a str,
     pub(crate) ttl_ms: u64,
     /// With a fencing token, kept this long after the acquisition.
     pub(crate) fence_retention_ms: Option<u64>,
-    /// The caller's entry in the queue of waiters (`<channel>|<token>`).
+    /// The caller's entry in the queue of waiters ([`Kind::queue_entry`]).
     pub(crate) member: &'a str,
     /// Join (or refresh a place in) the queue when the lock is busy.
     pub(crate) join: bool,
@@ -57,7 +98,8 @@ pub(crate) enum Acquire {
         found: Option<Duration>,
     },
     /// Held by another, whose key expires after `expires_in` when known
-    /// (none: free, but another waiter is first in line).
+    /// (none: free, but another waiter is first in line; for the shared
+    /// kinds, also: blocked by a queued writer or by waiters ahead).
     Busy { expires_in: Option<Duration> },
 }
 
@@ -96,7 +138,8 @@ pub(crate) enum Pass {
 
 /// One lock in a renewal batch.
 pub(crate) struct RenewItem<'a> {
-    pub(crate) key: &'a str,
+    pub(crate) kind: Kind,
+    pub(crate) keys: &'a LockKeys,
     pub(crate) token: &'a str,
     pub(crate) ttl_ms: u64,
 }
@@ -113,8 +156,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Compare-and-delete (`keep_ms` > 0: compare-and-keep for that long),
     /// waking the waiter the lock's wake mark names.
+    /// For the shared kinds: ends the caller's share and wakes the waiters
+    /// that may enter now.
     fn release<'a>(
         &'a self,
+        kind: Kind,
         keys: &'a LockKeys,
         token: &'a str,
         keep_ms: u64,
@@ -123,6 +169,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// A waiter gives up its place in the queue.
     fn leave<'a>(
         &'a self,
+        kind: Kind,
         keys: &'a LockKeys,
         member: &'a str,
     ) -> BoxFuture<'a, Result<(), LockError>>;

@@ -5,7 +5,7 @@
 //! sends the same call again as EVAL with the script's source, which runs it
 //! and caches it again: one extra round trip, not two.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::LazyLock;
 
 use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
@@ -15,11 +15,11 @@ use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResu
 pub(crate) struct LuaScript {
     source: String,
     hash: String,
-    bit: u8,
+    bit: u16,
 }
 
 impl LuaScript {
-    fn new(source: &str, bit: u8) -> LuaScript {
+    fn new(source: &str, bit: u16) -> LuaScript {
         let source = source.to_owned();
         let hash = Script::new(&source).get_hash().to_owned();
         LuaScript { source, hash, bit }
@@ -62,7 +62,7 @@ pub(crate) fn is_noscript(error: &RedisError) -> bool {
 /// release or renewal costs one round trip, not the three of EVALSHA,
 /// NOSCRIPT, EVAL.
 #[derive(Default)]
-pub(crate) struct ScriptsSent(AtomicU8);
+pub(crate) struct ScriptsSent(AtomicU16);
 
 impl ScriptsSent {
     pub(crate) fn has(&self, script: &LuaScript) -> bool {
@@ -134,3 +134,73 @@ pub(crate) static RENEW: LazyLock<LuaScript> =
 /// `lua/handoff.lua`: pass a held lock to the next task of the process.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/handoff.lua"), 32));
+
+// The shared-holder kinds (read/write locks, semaphores): each holder has
+// its own token and its own expiry, a score on the server clock in a sorted
+// set (docs/design.md §11). Their helpers are fragments put in front.
+
+/// `shares.lua`: the server clock, `expire_at_least`, grouped publishing.
+const SHARES: &str = include_str!("lua/shares.lua");
+
+/// `lua/rw_acquire.lua`: take a read share or the write side.
+pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[SHARES, include_str!("lua/rw_acquire.lua")].concat(), 64));
+
+/// `lua/rw_release.lua`: end a share, waking who may enter now.
+pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/rw_wake.lua"),
+        include_str!("lua/rw_release.lua"),
+    ];
+    LuaScript::new(&source.concat(), 128)
+});
+
+/// `lua/rw_leave.lua`: a waiter of a read/write lock gives up its place.
+pub(crate) static RW_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/rw_wake.lua"),
+        include_str!("lua/rw_leave.lua"),
+    ];
+    LuaScript::new(&source.concat(), 256)
+});
+
+/// `lua/semaphore_acquire.lua`: take permits, or join the queue.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/semaphore.lua"),
+        include_str!("lua/semaphore_acquire.lua"),
+    ];
+    LuaScript::new(&source.concat(), 512)
+});
+
+/// `lua/semaphore_release.lua`: give permits back, waking who fits now.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/semaphore.lua"),
+        include_str!("lua/semaphore_release.lua"),
+    ];
+    LuaScript::new(&source.concat(), 1024)
+});
+
+/// `lua/semaphore_leave.lua`: a waiter of a semaphore gives up its place.
+pub(crate) static SEMAPHORE_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/semaphore.lua"),
+        include_str!("lua/semaphore_leave.lua"),
+    ];
+    LuaScript::new(&source.concat(), 2048)
+});
+
+/// `lua/renew_shares.lua`: extend many read shares and permits of one
+/// client, each only while it is live.
+pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[SHARES, include_str!("lua/renew_shares.lua")].concat(),
+        4096,
+    )
+});

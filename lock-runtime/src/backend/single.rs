@@ -1,6 +1,9 @@
 //! [`SingleNode`]: the lock on one Redis server (or a primary with replicas
 //! behind one address). Every lock's keys live on it; a renewal batch is one
-//! pipelined round trip.
+//! pipelined round trip. The exclusive lock is here, the shared-holder kinds
+//! in `shared.rs`.
+
+mod shared;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,9 +14,10 @@ use redis::{Cmd, Value};
 
 use super::connection::Connection;
 use super::scripts::{
-    as_eval, evalsha, is_noscript, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING, RENEW,
+    as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
+    RELEASE_KEEPING, RENEW, RENEW_SHARES,
 };
-use super::{Acquire, AcquireRequest, Backend, Found, Pass, Release, RenewItem};
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
@@ -158,6 +162,9 @@ impl Backend for SingleNode {
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
         Box::pin(async move {
+            if request.kind != Kind::Exclusive {
+                return self.acquire_shared(&request).await;
+            }
             let plain = !(request.join
                 || request.respect
                 || request.fence_retention_ms.is_some()
@@ -183,11 +190,32 @@ impl Backend for SingleNode {
 
     fn release<'a>(
         &'a self,
+        kind: Kind,
         keys: &'a LockKeys,
         token: &'a str,
         keep_ms: u64,
     ) -> BoxFuture<'a, Result<Release, LockError>> {
         Box::pin(async move {
+            if kind != Kind::Exclusive {
+                return self
+                    .call(
+                        keys.name(),
+                        "release",
+                        |mut connection, attempt| async move {
+                            let sent_at = Instant::now();
+                            let found = self
+                                .release_shared(kind, keys, token, keep_ms, &mut connection)
+                                .await?;
+                            Ok(Release {
+                                found,
+                                woke: false,
+                                retried: attempt > 0,
+                                sent_at,
+                            })
+                        },
+                    )
+                    .await;
+            }
             // Only the lock key: the wake mark in its value names the waiter
             // to wake.
             let script = if keep_ms > 0 {
@@ -222,10 +250,14 @@ impl Backend for SingleNode {
 
     fn leave<'a>(
         &'a self,
+        kind: Kind,
         keys: &'a LockKeys,
         member: &'a str,
     ) -> BoxFuture<'a, Result<(), LockError>> {
         Box::pin(async move {
+            if kind != Kind::Exclusive {
+                return self.leave_shared(kind, keys, member).await;
+            }
             let mut cmd = evalsha(&LEAVE, 3, 4, 3 * keys.lock.len() + 16 + member.len());
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
@@ -288,55 +320,96 @@ impl Backend for SingleNode {
         round_trips: &'a AtomicU64,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
         Box::pin(async move {
-            let mut pipe = redis::pipe();
-            for chunk in items.chunks(LOCKS_PER_CALL) {
+            // Locks held by a token (exclusive, writers) and shares (read
+            // shares, permits: members of a sorted set), each by its script,
+            // in chunks; all in one pipeline.
+            let (tokens, shares): (Vec<usize>, Vec<usize>) = (0..items.len())
+                .partition(|&i| matches!(items[i].kind, Kind::Exclusive | Kind::Write));
+            let mut calls: Vec<(&LuaScript, Cmd, &[usize])> = Vec::new();
+            for chunk in tokens.chunks(LOCKS_PER_CALL) {
                 let mut call = redis::cmd("EVALSHA");
                 call.arg(RENEW.hash()).arg(chunk.len());
-                for item in chunk {
-                    call.arg(item.key);
+                for &i in chunk {
+                    call.arg(&items[i].keys.lock);
                 }
-                for item in chunk {
-                    call.arg(item.ttl_ms).arg(item.token);
+                for &i in chunk {
+                    call.arg(items[i].ttl_ms).arg(items[i].token);
                 }
-                pipe.add_command(call);
+                calls.push((&RENEW, call, chunk));
+            }
+            for chunk in shares.chunks(LOCKS_PER_CALL) {
+                let mut call = redis::cmd("EVALSHA");
+                call.arg(RENEW_SHARES.hash()).arg(chunk.len());
+                for &i in chunk {
+                    let keys = items[i].keys;
+                    match items[i].kind {
+                        Kind::Read => call.arg(keys.readers()),
+                        _ => call.arg(&keys.lock),
+                    };
+                }
+                for &i in chunk {
+                    let item = &items[i];
+                    match item.kind {
+                        Kind::Semaphore { permits, .. } => {
+                            call.arg(format!("{permits}|{}", item.token))
+                        }
+                        _ => call.arg(item.token),
+                    };
+                    call.arg(item.ttl_ms);
+                }
+                calls.push((&RENEW_SHARES, call, chunk));
             }
             let scripts = self.connection.scripts();
-            let eval = || {
-                let mut eval = redis::pipe();
-                for call in pipe.cmd_iter() {
-                    eval.add_command(as_eval(&RENEW, call));
+            // EVALSHA for the scripts this client has run; EVAL (which
+            // caches them) for the others, or for all after a NOSCRIPT.
+            let pipeline = |all_eval: bool| {
+                let mut pipe = redis::pipe();
+                for (script, call, _) in &calls {
+                    if all_eval || !scripts.has(script) {
+                        pipe.add_command(as_eval(script, call));
+                    } else {
+                        pipe.add_command(call.clone());
+                    }
                 }
-                eval
+                pipe
             };
-            let calls: Vec<Vec<i64>> = self
+            let replies: Vec<Vec<i64>> = self
                 .connection
                 .call(|mut connection, _| {
-                    let (pipe, eval) = (&pipe, &eval);
+                    let (pipeline, calls) = (&pipeline, &calls);
                     async move {
                         round_trips.fetch_add(1, Ordering::Relaxed);
-                        let result = if !scripts.has(&RENEW) {
-                            // This client's first renewal: as EVAL, which
-                            // caches the script.
-                            eval().query_async(&mut connection).await
-                        } else {
-                            match pipe.query_async(&mut connection).await {
-                                Err(error) if is_noscript(&error) => {
-                                    // Redis restarted or its script cache
-                                    // was flushed: the same calls as EVAL.
-                                    round_trips.fetch_add(1, Ordering::Relaxed);
-                                    eval().query_async(&mut connection).await
-                                }
-                                result => result,
+                        let result = match pipeline(false).query_async(&mut connection).await {
+                            Err(error) if is_noscript(&error) => {
+                                // Redis restarted or its script cache was
+                                // flushed: the same calls as EVAL.
+                                round_trips.fetch_add(1, Ordering::Relaxed);
+                                pipeline(true).query_async(&mut connection).await
                             }
+                            result => result,
                         };
                         if result.is_ok() {
-                            scripts.add(&RENEW);
+                            for (script, _, _) in calls {
+                                scripts.add(script);
+                            }
                         }
                         result
                     }
                 })
                 .await?;
-            Ok(calls.into_iter().flatten().map(found).collect())
+            let mut found = vec![Found::Gone; items.len()];
+            for ((script, _, chunk), codes) in calls.iter().zip(replies) {
+                let shares = std::ptr::eq(*script, &*RENEW_SHARES);
+                for (&i, code) in chunk.iter().zip(codes) {
+                    found[i] = match code {
+                        // A share is only ever its holder's, or gone.
+                        1 if shares => Found::Mine,
+                        _ if shares => Found::Gone,
+                        code => self::found(code),
+                    };
+                }
+            }
+            Ok(found)
         })
     }
 

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::retryable;
+use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -44,6 +44,9 @@ pub struct Lock {
     fencing: bool,
     hold_at_least: Option<Duration>,
     client: Option<Client>,
+    /// Exclusive, unless made by [`RwLock`](crate::RwLock) or
+    /// [`Semaphore`](crate::Semaphore).
+    kind: Kind,
 }
 
 impl Lock {
@@ -64,7 +67,14 @@ impl Lock {
             fencing: false,
             hold_at_least: None,
             client: None,
+            kind: Kind::Exclusive,
         }
+    }
+
+    /// This lock as another kind (the read/write and semaphore fronts).
+    pub(crate) fn with_kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// How long the lock stays held if its holder never releases it (crash,
@@ -185,8 +195,10 @@ impl Lock {
         let started = Instant::now();
         let respect = acquisition.respects_queue();
         // Tasks of one client waiting for one key queue in the process
-        // behind one of them (`cohort.rs`); `fair` locks queue in Redis only.
-        let cohorts = (!self.fair).then(|| acquisition.core.cohorts());
+        // behind one of them (`cohort.rs`); `fair` locks, and the kinds
+        // other than the exclusive lock, queue in Redis only.
+        let cohorts =
+            (!self.fair && self.kind == Kind::Exclusive).then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
         if !respect && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
@@ -295,6 +307,26 @@ impl Lock {
         };
         in_range("max_hold", self.max_hold)?;
         in_range("hold_at_least", self.hold_at_least)?;
+        match self.kind {
+            Kind::Read if self.hold_at_least.is_some() => {
+                return Err(LockError::config(format!(
+                    "read lock `{name}` sets hold_at_least, which only applies to an exclusive or                      write lock (a kept read share would hold writers off): remove it"
+                )))
+            }
+            Kind::Semaphore { capacity, permits } => {
+                if self.fencing || self.hold_at_least.is_some() {
+                    return Err(LockError::config(format!(
+                        "semaphore `{name}` sets fencing or hold_at_least, which only apply to                          exclusive and read/write locks: remove them"
+                    )));
+                }
+                if capacity == 0 || permits == 0 || permits > capacity {
+                    return Err(LockError::config(format!(
+                        "semaphore `{name}` has {capacity} permits and this call takes                          {permits}: a semaphore needs at least 1 permit, and a call takes from                          1 to all of them"
+                    )));
+                }
+            }
+            _ => {}
+        }
         if !self.renew && (self.max_hold.is_some() || self.on_lost.is_some()) {
             return Err(LockError::config(format!(
                 "lock `{name}` sets max_hold or on_lost without renew; they only apply to renewed \
@@ -311,11 +343,14 @@ impl Lock {
             None => global_client()?,
         };
         let core = Arc::clone(client.core());
-        let keys = LockKeys::new(core.key_prefix(), &self.name)?;
+        let keys = LockKeys::new(core.key_prefix(), &self.name, self.kind.key_suffix())?;
+        // A semaphore counts acquisitions, not tasks: taken again inside its
+        // own body, it takes more permits.
+        let reentrant = !matches!(self.kind, Kind::Semaphore { .. });
         Ok(Acquisition {
             name: &self.name,
             settings: self.settings(),
-            held: held_in_this_task(&core, &keys),
+            held: reentrant.then(|| held_in_this_task(&core, &keys)).flatten(),
             core,
             keys,
             ttl_ms,
@@ -324,6 +359,7 @@ impl Lock {
 
     pub(crate) fn settings(&self) -> Settings {
         Settings {
+            kind: self.kind,
             // Whole milliseconds, as Redis holds it: validity is never
             // counted from a longer ttl than the key's.
             ttl: Duration::from_millis(self.ttl.as_millis().min(u128::from(MAX_DURATION_MS)) as u64),

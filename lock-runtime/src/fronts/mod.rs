@@ -2,3 +2,5 @@
 //! machinery (`lease`).
 
 pub(crate) mod lock;
+pub(crate) mod rw_lock;
+pub(crate) mod semaphore;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::wait_for;
-use crate::backend::{retryable, Acquire, AcquireRequest};
+use crate::backend::{retryable, Acquire, AcquireRequest, Kind};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed};
@@ -13,7 +13,7 @@ use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::local_handoff::pass_on;
 use crate::lease::release::spawn_release;
 
-use crate::lease::watch::{Entry, Scope};
+use crate::lease::watch::{Entered, Entry, Scope};
 use crate::lease::Core;
 use crate::token::new_token;
 
@@ -43,6 +43,7 @@ pub(crate) struct Acquisition<'a> {
 /// A lock's settings, as an acquisition needs them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
+    pub(crate) kind: Kind,
     pub(crate) ttl: Duration,
     pub(crate) renew: bool,
     pub(crate) max_hold: Option<Duration>,
@@ -172,6 +173,17 @@ impl Acquisition<'_> {
     ) -> Result<LockGuard, LockError> {
         let hold = scope.hold();
         let settings = &self.settings;
+        if settings.kind == Kind::Write && hold.kind == Kind::Read {
+            // Waiting for the other readers to leave would wait for this
+            // task's own share too: a deadlock (Redisson's upgrade).
+            return Err(LockError::config(format!(
+                "lock `{}` is held for reading up this task's call chain, so it cannot be                  taken for writing here (the write would wait for this task's own read share                  forever): take the write lock before the read, or release the read first",
+                hold.name()
+            )));
+        }
+        // A read entry (inside a read or a write hold) shares the scope with
+        // other read entries; any other entry is alone in it.
+        let entered = Entered::new(entry, settings.kind == Kind::Read);
         let missing = [
             (settings.fencing && hold.fencing_token.is_none(), "fencing"),
             (settings.renew && !hold.renewed, "renew"),
@@ -187,7 +199,7 @@ impl Acquisition<'_> {
                 hold.name()
             )));
         }
-        if !scope.try_enter(entry) {
+        if !scope.try_enter(entered) {
             let key = self.name.to_owned();
             if scope.entered_by_guard() {
                 return Err(LockError::config(format!(
@@ -201,14 +213,14 @@ impl Acquisition<'_> {
                 return Err(LockError::Busy { key });
             };
             let started = Instant::now();
-            if !scope.enter(entry, wait).await {
+            if !scope.enter(entered, wait).await {
                 return Err(LockError::WaitTimeout {
                     key,
                     waited: started.elapsed(),
                 });
             }
         }
-        let guard = LockGuard::reentrant(Arc::clone(scope));
+        let guard = LockGuard::reentrant(Arc::clone(scope), entered);
         if let Some(cause) = hold.lost_cause(Instant::now()) {
             return Err(LockError::Lost {
                 key: hold.name().to_owned(),
@@ -315,8 +327,10 @@ impl Acquisition<'_> {
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
         let notifier = self.core.notifier();
-        let member = format!("{}|{token}", notifier.channel());
+        let kind = self.settings.kind;
+        let member = kind.queue_entry(notifier.channel(), &token);
         let mut place = QueuePlace {
+            kind,
             core: &self.core,
             keys: &self.keys,
             member: member.clone(),
@@ -412,6 +426,7 @@ impl Acquisition<'_> {
         let settings = &self.settings;
         Acquired {
             core: Arc::clone(&self.core),
+            kind: settings.kind,
             keys: self.keys.clone(),
             token,
             ttl: settings.ttl,
@@ -443,6 +458,7 @@ impl Acquisition<'_> {
         let earlier_unknown = unknown.sent();
         let fencing = self.settings.fencing;
         let request = AcquireRequest {
+            kind: self.settings.kind,
             keys: &self.keys,
             token: unknown.token,
             ttl_ms: self.ttl_ms,
@@ -460,8 +476,9 @@ impl Acquisition<'_> {
         };
         match &result {
             // The script (after an attempt of unknown outcome) or SET NX
-            // said the lock is not ours.
-            Ok(Attempt::Busy(_)) => unknown.resolved(),
+            // said the lock is not ours; or the script refused the request
+            // (a semaphore's capacity), changing nothing.
+            Ok(Attempt::Busy(_)) | Err(LockError::Config { .. }) => unknown.resolved(),
             // The attempt may still be on its way (stuck in a replaced
             // connection, or forwarded by a proxy that then reset the
             // client's side) and land later; a refused connection sent
@@ -570,6 +587,7 @@ impl Drop for Unknown<'_> {
 /// A waiter's place in the queue, given up when it stops waiting without
 /// the lock (timed out, failed or cancelled).
 struct QueuePlace<'a> {
+    kind: Kind,
     core: &'a Arc<Core>,
     keys: &'a LockKeys,
     member: String,
@@ -584,14 +602,15 @@ impl Drop for QueuePlace<'_> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // the place expires after WAITER_TIMEOUT
         };
-        let (core, keys, member) = (
+        let (kind, core, keys, member) = (
+            self.kind,
             Arc::clone(self.core),
             self.keys.clone(),
             self.member.clone(),
         );
         runtime.spawn(async move {
             // Best effort: a place not given up expires after WAITER_TIMEOUT.
-            let _ = core.backend().leave(&keys, &member).await;
+            let _ = core.backend().leave(kind, &keys, &member).await;
         });
     }
 }

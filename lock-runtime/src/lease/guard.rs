@@ -7,7 +7,7 @@ use crate::lease::hold::Hold;
 use crate::lease::local_handoff::{next_step, pass_on, pass_to, DissolveOnDrop};
 use crate::lease::release::{release, spawn_release};
 use crate::lease::renewal::Registration;
-use crate::lease::watch::{watch, HeldLock, Scope};
+use crate::lease::watch::{watch, Entered, HeldLock, Scope};
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
@@ -43,7 +43,7 @@ pub struct LockGuard {
     releasing: bool,
     /// Shares a hold taken further up this task's call chain, whose scope's
     /// entry permit it holds: the outermost holder releases.
-    reentrant: Option<Arc<Scope>>,
+    reentrant: Option<(Arc<Scope>, Entered)>,
     /// Holds the lock for its client's cohort (`cohort.rs`) of this
     /// generation: its release passes the lock to the next waiting task of
     /// its client, if any.
@@ -63,9 +63,9 @@ impl LockGuard {
     }
 
     /// A guard for a lock already held up this task's call chain, holding
-    /// `scope`'s entry permit: it shares the outer hold, and its release and
-    /// its drop only give the permit back.
-    pub(crate) fn reentrant(scope: Arc<Scope>) -> Self {
+    /// `scope`'s entry permits: it shares the outer hold, and its release
+    /// and its drop only give the permits back.
+    pub(crate) fn reentrant(scope: Arc<Scope>, entered: Entered) -> Self {
         LockGuard {
             lock: HeldLock {
                 hold: Arc::clone(scope.hold()),
@@ -73,7 +73,7 @@ impl LockGuard {
             renewal: None,
             armed: false,
             releasing: false,
-            reentrant: Some(scope),
+            reentrant: Some((scope, entered)),
             cohort: None,
         }
     }
@@ -129,8 +129,8 @@ impl LockGuard {
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
     pub async fn release(mut self) -> Result<(), LockError> {
-        if let Some(scope) = self.reentrant.take() {
-            scope.leave();
+        if let Some((scope, entered)) = self.reentrant.take() {
+            scope.leave(entered);
             // The outermost holder releases; if it already has, this entry
             // outlived it.
             return match self.hold().reported_loss() {
@@ -237,8 +237,8 @@ impl Deref for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(scope) = self.reentrant.take() {
-            scope.leave();
+        if let Some((scope, entered)) = self.reentrant.take() {
+            scope.leave(entered);
             return;
         }
         self.renewal.take();

@@ -11,6 +11,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use super::Core;
+use crate::backend::Kind;
 use crate::error::LostCause;
 use crate::keys::LockKeys;
 
@@ -45,6 +46,7 @@ pub(crate) fn fence_retention_ms(ttl_ms: u64) -> u64 {
 pub(crate) struct Acquired {
     /// What the client that made it shares (its backend among them).
     pub(crate) core: Arc<Core>,
+    pub(crate) kind: Kind,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -69,6 +71,8 @@ pub(crate) struct Acquired {
 pub(crate) struct Hold {
     /// What the client that made it shares (its backend among them).
     pub(crate) core: Arc<Core>,
+    /// Exclusive, a read share, the write side, or semaphore permits.
+    pub(crate) kind: Kind,
     pub(crate) keys: LockKeys,
     pub(crate) token: String,
     pub(crate) ttl: Duration,
@@ -110,6 +114,7 @@ impl Hold {
     pub(crate) fn new(acquired: Acquired) -> Arc<Hold> {
         let Acquired {
             core,
+            kind,
             keys,
             token,
             ttl,
@@ -126,6 +131,7 @@ impl Hold {
         let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
         Arc::new(Hold {
             core,
+            kind,
             keys,
             token,
             ttl,

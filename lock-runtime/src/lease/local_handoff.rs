@@ -130,6 +130,7 @@ pub(crate) fn pass_to(
         let next = |linger| {
             Hold::new(Acquired {
                 core: Arc::clone(&core),
+                kind: hold.kind,
                 keys: hold.keys.clone(),
                 token: token.clone(),
                 ttl: Duration::from_millis(ttl_ms),

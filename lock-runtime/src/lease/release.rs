@@ -22,7 +22,7 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     let reply = hold
         .core
         .backend()
-        .release(&hold.keys, &hold.token, keep_ms)
+        .release(hold.kind, &hold.keys, &hold.token, keep_ms)
         .await?;
     // An earlier attempt (of this call, or an earlier release) may have
     // done the work: finding the key gone or another's while the lock was

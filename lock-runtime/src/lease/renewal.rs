@@ -329,7 +329,8 @@ impl Renewer {
         let items: Vec<RenewItem<'_>> = batch
             .iter()
             .map(|(_, hold)| RenewItem {
-                key: &hold.keys.lock,
+                kind: hold.kind,
+                keys: &hold.keys,
                 token: &hold.token,
                 ttl_ms: hold.ttl.as_millis() as u64,
             })

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -29,14 +29,39 @@ pub(crate) struct Scope {
     /// the body by another task (a `LocalSet` driven by the body) is not
     /// part of the chain, although it sees the task-local.
     task: AtomicU64,
-    /// One permit: a reentrant entry of this scope's lock holds it for as
-    /// long as it lasts, so that concurrent entries of one task (`join!`,
-    /// `select!`, `FuturesUnordered`) exclude each other as entries from
-    /// other tasks do.
+    /// The entry permits: a reentrant entry of this scope's lock holds all
+    /// of them (a read entry of a read/write lock: one) for as long as it
+    /// lasts, so that concurrent entries of one task (`join!`, `select!`,
+    /// `FuturesUnordered`) exclude each other as entries from other tasks
+    /// do, while read entries share.
     entry: Semaphore,
-    /// Who holds the permit: [`Entry::Body`] or [`Entry::Guard`] as a u8,
-    /// 0 when free.
-    entered_by: AtomicU8,
+    /// How many entries from manual guards ([`Entry::Guard`]) hold permits.
+    guards: AtomicU32,
+}
+
+/// A scope's entry permits, all of which an exclusive entry takes.
+const ENTRY_PERMITS: u32 = 1 << 20;
+
+/// A reentrant entry's hold on its scope's permits.
+#[derive(Clone, Copy)]
+pub(crate) struct Entered {
+    entry: Entry,
+    /// A read entry: one permit, shared with other read entries.
+    shared: bool,
+}
+
+impl Entered {
+    pub(crate) fn new(entry: Entry, shared: bool) -> Entered {
+        Entered { entry, shared }
+    }
+
+    fn permits(self) -> u32 {
+        if self.shared {
+            1
+        } else {
+            ENTRY_PERMITS
+        }
+    }
 }
 
 /// What a reentrant entry is.
@@ -56,42 +81,50 @@ impl Scope {
         &self.hold
     }
 
-    /// Takes this scope's entry permit at once, if it is free.
-    pub(crate) fn try_enter(&self, entry: Entry) -> bool {
+    /// Takes this scope's entry permits at once, if they are free.
+    pub(crate) fn try_enter(&self, entered: Entered) -> bool {
         let taken = self
             .entry
-            .try_acquire()
+            .try_acquire_many(entered.permits())
             .map(SemaphorePermit::forget)
             .is_ok();
         if taken {
-            self.entered_by.store(entry as u8, Ordering::Release);
+            self.entered(entered);
         }
         taken
     }
 
-    /// Takes this scope's entry permit within `wait`. Returns false when it
-    /// stayed taken. Give it back with [`leave`](Scope::leave).
-    pub(crate) async fn enter(&self, entry: Entry, wait: Duration) -> bool {
-        let taken = tokio::time::timeout(wait, self.entry.acquire())
+    /// Takes this scope's entry permits within `wait`. Returns false when
+    /// they stayed taken. Give them back with [`leave`](Scope::leave).
+    pub(crate) async fn enter(&self, entered: Entered, wait: Duration) -> bool {
+        let taken = tokio::time::timeout(wait, self.entry.acquire_many(entered.permits()))
             .await
             .ok()
             .and_then(Result::ok)
             .map(SemaphorePermit::forget)
             .is_some();
         if taken {
-            self.entered_by.store(entry as u8, Ordering::Release);
+            self.entered(entered);
         }
         taken
     }
 
-    /// Whether a manual guard holds the permit.
-    pub(crate) fn entered_by_guard(&self) -> bool {
-        self.entered_by.load(Ordering::Acquire) == Entry::Guard as u8
+    fn entered(&self, entered: Entered) {
+        if entered.entry == Entry::Guard {
+            self.guards.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
-    pub(crate) fn leave(&self) {
-        self.entered_by.store(0, Ordering::Release);
-        self.entry.add_permits(1);
+    /// Whether a manual guard holds permits.
+    pub(crate) fn entered_by_guard(&self) -> bool {
+        self.guards.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn leave(&self, entered: Entered) {
+        if entered.entry == Entry::Guard {
+            self.guards.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.entry.add_permits(entered.permits() as usize);
     }
 
     fn task(&self) -> u64 {
@@ -295,8 +328,8 @@ pub(crate) fn watch<F: Future>(
         hold: Arc::clone(&hold),
         outer: CURRENT.try_with(Arc::clone).ok(),
         task: AtomicU64::new(this_task()),
-        entry: Semaphore::const_new(1),
-        entered_by: AtomicU8::new(0),
+        entry: Semaphore::const_new(ENTRY_PERMITS as usize),
+        guards: AtomicU32::new(0),
     });
     Watched {
         body: CURRENT.scope(Arc::clone(&scope), body),

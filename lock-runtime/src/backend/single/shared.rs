@@ -1,0 +1,182 @@
+//! The shared-holder kinds on one node: read/write locks and semaphores,
+//! their scripts' arguments and the decoding of their replies.
+
+use redis::aio::ConnectionManager;
+
+use super::SingleNode;
+use crate::backend::scripts::{
+    evalsha, run, RW_ACQUIRE, RW_LEAVE, RW_RELEASE, SEMAPHORE_ACQUIRE, SEMAPHORE_LEAVE,
+    SEMAPHORE_RELEASE,
+};
+use crate::backend::{Acquire, AcquireRequest, Found, Kind};
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use redis::Cmd;
+use std::time::Duration;
+
+impl SingleNode {
+    /// One attempt for a read share, the write side or semaphore permits.
+    pub(super) async fn acquire_shared(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Acquire, LockError> {
+        let reply: Vec<i64> = self
+            .call(
+                request.keys.name(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    // A retry: the attempt before it may have taken the lock.
+                    let mine = request.mine || attempt > 0;
+                    self.shared_acquire_script(&mut connection, request, mine)
+                        .await
+                },
+            )
+            .await?;
+        let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
+        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
+        let name = request.keys.name();
+        match (at(0), request.kind) {
+            (1, _) => Ok(Acquire::Acquired {
+                fence: request.fence_retention_ms.map(|_| at(1) as u64),
+                found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+            }),
+            (-3, Kind::Semaphore { capacity, .. }) => Err(LockError::config(format!(
+                "semaphore `{name}` is held with {} permits, but this call opens it with \
+                 {capacity}: every user of a semaphore must give the same number of permits \
+                 (it can change once nobody holds it)",
+                at(1)
+            ))),
+            (-4, Kind::Semaphore { capacity, permits }) => Err(LockError::config(format!(
+                "semaphore `{name}` has {capacity} permits; {permits} can never be taken at once"
+            ))),
+            _ => Ok(Acquire::Busy {
+                expires_in: millis(at(1)),
+            }),
+        }
+    }
+
+    async fn shared_acquire_script(
+        &self,
+        connection: &mut ConnectionManager,
+        request: &AcquireRequest<'_>,
+        mine: bool,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let keys = request.keys;
+        let bytes = 5 * keys.lock.len() + 48 + 2 * request.token.len() + request.member.len();
+        let scripts = self.connection.scripts();
+        if let Kind::Semaphore { capacity, permits } = request.kind {
+            let mut cmd = evalsha(&SEMAPHORE_ACQUIRE, 3, 12, bytes);
+            cmd.arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(keys.waiters())
+                .arg(request.token)
+                .arg(request.ttl_ms)
+                .arg(permits)
+                .arg(capacity)
+                .arg(request.waiter_timeout_ms)
+                .arg(u8::from(request.join))
+                .arg(u8::from(request.respect))
+                .arg(request.member)
+                .arg(u8::from(mine));
+            return run(&SEMAPHORE_ACQUIRE, &cmd, connection, scripts).await;
+        }
+        let mut cmd = evalsha(&RW_ACQUIRE, 5, 14, bytes);
+        rw_keys(&mut cmd, keys)
+            .arg(if request.kind == Kind::Write {
+                "w"
+            } else {
+                "r"
+            })
+            .arg(request.token)
+            .arg(request.ttl_ms)
+            .arg(request.fence_retention_ms.unwrap_or(0))
+            .arg(request.waiter_timeout_ms)
+            .arg(u8::from(request.join))
+            .arg(u8::from(request.respect))
+            .arg(request.member)
+            .arg(u8::from(mine));
+        run(&RW_ACQUIRE, &cmd, connection, scripts).await
+    }
+
+    /// Ends a share (`keep_ms` > 0: a writer's `hold_at_least`); returns
+    /// what it found.
+    pub(super) async fn release_shared(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        token: &str,
+        keep_ms: u64,
+        connection: &mut ConnectionManager,
+    ) -> redis::RedisResult<Found> {
+        let scripts = self.connection.scripts();
+        let bytes = 5 * keys.lock.len() + 48 + token.len();
+        let code: i64 = if let Kind::Semaphore { permits, .. } = kind {
+            let mut cmd = evalsha(&SEMAPHORE_RELEASE, 3, 5, bytes);
+            cmd.arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(keys.waiters())
+                .arg(token)
+                .arg(permits);
+            run(&SEMAPHORE_RELEASE, &cmd, connection, scripts).await?
+        } else {
+            let mut cmd = evalsha(&RW_RELEASE, 5, 8, bytes);
+            rw_keys(&mut cmd, keys)
+                .arg(if kind == Kind::Write { "w" } else { "r" })
+                .arg(token)
+                .arg(keep_ms);
+            run(&RW_RELEASE, &cmd, connection, scripts).await?
+        };
+        Ok(match code {
+            1 => Found::Mine,
+            0 => Found::Gone,
+            _ => Found::Other,
+        })
+    }
+
+    /// A waiter of a shared kind gives up its place.
+    pub(super) async fn leave_shared(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        member: &str,
+    ) -> Result<(), LockError> {
+        let bytes = 5 * keys.lock.len() + 48 + member.len();
+        let cmd = if let Kind::Semaphore { capacity, .. } = kind {
+            let mut cmd = evalsha(&SEMAPHORE_LEAVE, 3, 5, bytes);
+            cmd.arg(&keys.lock)
+                .arg(keys.queue())
+                .arg(keys.waiters())
+                .arg(member)
+                .arg(capacity);
+            cmd
+        } else {
+            let mut cmd = evalsha(&RW_LEAVE, 5, 6, bytes);
+            rw_keys(&mut cmd, keys).arg(member);
+            cmd
+        };
+        let script = if matches!(kind, Kind::Semaphore { .. }) {
+            &*SEMAPHORE_LEAVE
+        } else {
+            &*RW_LEAVE
+        };
+        let (cmd, scripts) = (&cmd, self.connection.scripts());
+        self.call(
+            keys.name(),
+            "leave the queue",
+            |mut connection, _| async move {
+                run::<i64>(script, cmd, &mut connection, scripts).await
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// A read/write lock's five keys: writer, readers, queue, waiters, fence.
+fn rw_keys<'c>(cmd: &'c mut Cmd, keys: &LockKeys) -> &'c mut Cmd {
+    cmd.arg(&keys.lock)
+        .arg(keys.readers())
+        .arg(keys.queue())
+        .arg(keys.waiters())
+        .arg(keys.fence())
+}

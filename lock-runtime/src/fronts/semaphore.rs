@@ -1,0 +1,149 @@
+//! The semaphore builder: at most N permits held at once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::backend::Kind;
+use crate::client::Client;
+use crate::error::LockError;
+use crate::fronts::lock::Lock;
+use crate::lease::guard::{LockGuard, OnLost};
+
+/// A distributed semaphore, described: at most `permits` held at once,
+/// across every process. Each acquisition takes one permit
+/// ([`acquire`](Semaphore::acquire), [`run`](Semaphore::run)) or several at
+/// once ([`acquire_many`](Semaphore::acquire_many)), as one atomic step.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::Semaphore;
+///
+/// let exports = Semaphore::new("exports", 4).ttl(Duration::from_secs(30)).renew();
+/// let permit = exports.acquire().await?; // one of 4
+/// // ... at most 4 of these run at once, in all processes ...
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Every permit is its holder's own token with its own expiry on the Redis
+/// server's clock: a holder that dies gives its permit back within its ttl,
+/// with no cleanup job, and a release of a permit that expired (or was
+/// never held) creates nothing and is reported as
+/// [`LockError::Lost`](crate::LockError::Lost). The capacity is stored with
+/// the semaphore while anybody holds it: opening it with another number of
+/// permits then fails with [`LockError::Config`](crate::LockError::Config).
+/// Waiters are woken by releases; with [`fair`](Semaphore::fair) they are
+/// served in order of arrival.
+///
+/// Not reentrant: taken again inside a body holding it, a semaphore takes
+/// more permits (as a `tokio::sync::Semaphore` does).
+#[derive(Clone, Debug)]
+pub struct Semaphore {
+    lock: Lock,
+    capacity: u32,
+}
+
+impl Semaphore {
+    /// A semaphore called `name` with `permits` permits (at least 1), with
+    /// the default ttl, no waiting and the process-wide client.
+    pub fn new(name: impl Into<String>, permits: u32) -> Self {
+        Semaphore {
+            lock: Lock::new(name).with_kind(Kind::Semaphore {
+                capacity: permits,
+                permits: 1,
+            }),
+            capacity: permits,
+        }
+    }
+
+    /// `permits` of this semaphore, taken together: a [`Lock`] with
+    /// `acquire`, `try_acquire` and `run`.
+    pub fn take(&self, permits: u32) -> Lock {
+        self.lock.clone().with_kind(Kind::Semaphore {
+            capacity: self.capacity,
+            permits,
+        })
+    }
+
+    /// Takes one permit: at once when no `wait` was set, else waiting
+    /// until the wait runs out, woken by releases.
+    pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        self.lock.acquire().await
+    }
+
+    /// Takes `permits` permits in one atomic step (all or none).
+    pub async fn acquire_many(&self, permits: u32) -> Result<LockGuard, LockError> {
+        self.take(permits).acquire().await
+    }
+
+    /// Takes one permit if one is free, in one round trip; never waits.
+    pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
+        self.lock.try_acquire().await
+    }
+
+    /// Takes `permits` permits if they are free, in one round trip.
+    pub async fn try_acquire_many(&self, permits: u32) -> Result<LockGuard, LockError> {
+        self.take(permits).try_acquire().await
+    }
+
+    /// Runs `body` holding one permit, then gives it back: what
+    /// `#[distributed_lock(permits = N)]` does. See [`Lock::run`].
+    pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
+        self.lock.run(body).await
+    }
+
+    /// The semaphore's name, as given.
+    pub fn name(&self) -> &str {
+        self.lock.name()
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u32 {
+        self.capacity
+    }
+
+    /// See [`Lock::ttl`]: each permit expires after this long unless given
+    /// back or renewed.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.map(|lock| lock.ttl(ttl))
+    }
+
+    /// See [`Lock::wait`].
+    pub fn wait(self, wait: Duration) -> Self {
+        self.map(|lock| lock.wait(wait))
+    }
+
+    /// See [`Lock::renew`]: each permit is renewed on its own.
+    pub fn renew(self) -> Self {
+        self.map(Lock::renew)
+    }
+
+    /// See [`Lock::max_hold`].
+    pub fn max_hold(self, max_hold: Duration) -> Self {
+        self.map(|lock| lock.max_hold(max_hold))
+    }
+
+    /// See [`Lock::on_lost`].
+    pub fn on_lost(self, on_lost: OnLost) -> Self {
+        self.map(|lock| lock.on_lost(on_lost))
+    }
+
+    /// Waiters get permits strictly in their order of arrival: nobody takes
+    /// a permit that a waiter ahead of it is waiting for.
+    pub fn fair(self) -> Self {
+        self.map(Lock::fair)
+    }
+
+    /// Use this client instead of the process-wide one.
+    pub fn client(self, client: Client) -> Self {
+        self.map(|lock| lock.client(client))
+    }
+
+    fn map(self, set: impl FnOnce(Lock) -> Lock) -> Self {
+        Semaphore {
+            lock: set(self.lock),
+            capacity: self.capacity,
+        }
+    }
+}
