@@ -310,18 +310,22 @@ impl Lock {
         match self.kind {
             Kind::Read if self.hold_at_least.is_some() => {
                 return Err(LockError::config(format!(
-                    "read lock `{name}` sets hold_at_least, which only applies to an exclusive or                      write lock (a kept read share would hold writers off): remove it"
+                    "read lock `{name}` sets hold_at_least, which only applies to an exclusive or \
+                    write lock (a kept read share would hold writers off): remove it"
                 )))
             }
             Kind::Semaphore { capacity, permits } => {
                 if self.fencing || self.hold_at_least.is_some() {
                     return Err(LockError::config(format!(
-                        "semaphore `{name}` sets fencing or hold_at_least, which only apply to                          exclusive and read/write locks: remove them"
+                        "semaphore `{name}` sets fencing or hold_at_least, which only apply to \
+                        exclusive and read/write locks: remove them"
                     )));
                 }
                 if capacity == 0 || permits == 0 || permits > capacity {
                     return Err(LockError::config(format!(
-                        "semaphore `{name}` has {capacity} permits and this call takes                          {permits}: a semaphore needs at least 1 permit, and a call takes from                          1 to all of them"
+                        "semaphore `{name}` has {capacity} permits and this call takes \
+                        {permits}: a semaphore needs at least 1 permit, and a call takes from \
+                        1 to all of them"
                     )));
                 }
             }

@@ -177,7 +177,9 @@ impl Acquisition<'_> {
             // Waiting for the other readers to leave would wait for this
             // task's own share too: a deadlock (Redisson's upgrade).
             return Err(LockError::config(format!(
-                "lock `{}` is held for reading up this task's call chain, so it cannot be                  taken for writing here (the write would wait for this task's own read share                  forever): take the write lock before the read, or release the read first",
+                "lock `{}` is held for reading up this task's call chain, so it cannot be \
+                taken for writing here (the write would wait for this task's own read share \
+                forever): take the write lock before the read, or release the read first",
                 hold.name()
             )));
         }

@@ -68,6 +68,20 @@ if ARGV[9] == '1' then
   end
 end
 
+-- Fast path (the uncontended case): no writer and nobody queued. A reader
+-- enters; a writer enters when no live share is left either.
+if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
+  if mode == 'r' then
+    redis.call('ZADD', KEYS[2], now_ms() + ttl, token)
+    expire_at_least(KEYS[2], ttl)
+    return {1, fence_now()}
+  elseif redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[1], token, 'PX', ttl)
+    return {1, fence_now()}
+  end
+end
+
 -- the live queue, in order, without the waiters whose deadline passed
 -- (except the caller's own entry: it is refreshing its place right now)
 local queue = redis.call('LRANGE', KEYS[3], '0', '-1')
