@@ -1,7 +1,7 @@
 //! Parsing the attribute's arguments: `key = "...", ttl = "...", wait = "..."`,
-//! `client = <expr>`, `crate = "path"`.
+//! `read`, `write`, `permits = N`, `client = <expr>`, `crate = "path"`.
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
 use syn::LitStr;
@@ -9,7 +9,21 @@ use syn::LitStr;
 use crate::duration::{check_at_most_a_year, check_renewed_ttl, parse_duration};
 
 const ARGUMENTS: &str = "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, \
-                         `fencing`, `hold_at_least`, `client` or `crate`";
+                         `fencing`, `hold_at_least`, `read`, `write`, `permits`, `client` or \
+                         `crate`";
+
+/// What the function's body runs under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockKind {
+    /// No `read`, `write` or `permits`: an exclusive `Lock`.
+    Exclusive,
+    /// `read`: the read side of an `RwLock`.
+    Read,
+    /// `write`: the write side of an `RwLock`.
+    Write,
+    /// `permits = N`: one permit of a `Semaphore` of N permits.
+    Semaphore(u32),
+}
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
@@ -28,6 +42,36 @@ pub(crate) struct LockArgs {
     /// `crate = "path"`: where `lock_runtime` is reachable; `::lock_runtime`
     /// when not given.
     pub(crate) krate: Option<syn::Path>,
+    pub(crate) kind: LockKind,
+}
+
+/// Where a whole argument (`hold_at_least = "30s"`, `fencing`) is written:
+/// its first and last tokens, for an error underlining all of it.
+#[derive(Clone, Copy)]
+struct ArgumentSpan {
+    first: Span,
+    last: Span,
+}
+
+impl ArgumentSpan {
+    fn flag(span: Span) -> Self {
+        ArgumentSpan {
+            first: span,
+            last: span,
+        }
+    }
+
+    fn error(self, message: String) -> syn::Error {
+        // `new_spanned` spans an error from the first token to the last.
+        let tokens: TokenStream = [
+            proc_macro2::Ident::new("first", self.first),
+            proc_macro2::Ident::new("last", self.last),
+        ]
+        .into_iter()
+        .map(proc_macro2::TokenTree::from)
+        .collect();
+        syn::Error::new_spanned(tokens, message)
+    }
 }
 
 #[derive(Default)]
@@ -41,9 +85,12 @@ pub(crate) struct ArgsParser {
     on_lost: Option<(bool, Span)>,
     fair: Option<Span>,
     fencing: Option<Span>,
-    hold_at_least_ms: Option<u64>,
+    hold_at_least_ms: Option<(u64, ArgumentSpan)>,
     client: Option<syn::Expr>,
     krate: Option<syn::Path>,
+    read: Option<Span>,
+    write: Option<Span>,
+    permits: Option<u32>,
 }
 
 impl ArgsParser {
@@ -88,7 +135,26 @@ impl ArgsParser {
                 let literal = string_value(&meta, &name, "\"30s\"")?;
                 let millis = parse_duration(&name, &literal)?;
                 check_at_most_a_year(&name, &literal, millis, "")?;
-                set_once(&meta, &name, &mut self.hold_at_least_ms, millis)
+                let span = ArgumentSpan {
+                    first: meta.path.span(),
+                    last: literal.span(),
+                };
+                set_once(&meta, &name, &mut self.hold_at_least_ms, (millis, span))
+            }
+            "read" => {
+                let span = flag(&meta, &name)?;
+                set_once(&meta, &name, &mut self.read, span)?;
+                self.check_one_kind(&meta, &name)
+            }
+            "write" => {
+                let span = flag(&meta, &name)?;
+                set_once(&meta, &name, &mut self.write, span)?;
+                self.check_one_kind(&meta, &name)
+            }
+            "permits" => {
+                let permits = permits_value(&meta)?;
+                set_once(&meta, &name, &mut self.permits, permits)?;
+                self.check_one_kind(&meta, &name)
             }
             "max_hold" => {
                 let literal = string_value(&meta, &name, "\"10m\"")?;
@@ -141,6 +207,37 @@ impl ArgsParser {
         }
     }
 
+    /// After `read`, `write` or `permits` (`name`) was set: none of the
+    /// other two may be set too. The error points at the later argument.
+    fn check_one_kind(&self, meta: &ParseNestedMeta, name: &str) -> syn::Result<()> {
+        let given = [
+            ("read", self.read.is_some()),
+            ("write", self.write.is_some()),
+            ("permits", self.permits.is_some()),
+        ];
+        let Some((other, _)) = given.iter().find(|(other, given)| *given && *other != name) else {
+            return Ok(());
+        };
+        let message = match (name, *other) {
+            ("read", "write") | ("write", "read") => format!(
+                "`{name}` cannot be combined with `{other}`: the function takes the read/write \
+                 lock either for reading (`read`, shared with other readers) or for writing \
+                 (`write`, alone); keep one of them"
+            ),
+            ("permits", rw) => format!(
+                "`permits` cannot be combined with `{rw}`: `permits = N` makes the lock a \
+                 semaphore of N permits, `{rw}` a read/write lock taken for {}; keep one of them",
+                reading_or_writing(rw)
+            ),
+            (rw, _) => format!(
+                "`{rw}` cannot be combined with `permits`: `{rw}` makes the lock a read/write \
+                 lock taken for {}, `permits = N` a semaphore of N permits; keep one of them",
+                reading_or_writing(rw)
+            ),
+        };
+        Err(meta.error(message))
+    }
+
     pub(crate) fn finish(self) -> syn::Result<LockArgs> {
         let Some(key) = self.key else {
             return Err(syn::Error::new(
@@ -162,6 +259,36 @@ impl ArgsParser {
                 }
             }
         }
+        if self.permits.is_some() {
+            // A semaphore has several holders at once.
+            let fencing = self
+                .fencing
+                .map(|span| ("fencing", ArgumentSpan::flag(span)));
+            let hold_at_least = self
+                .hold_at_least_ms
+                .map(|(_, span)| ("hold_at_least", span));
+            if let Some((name, span)) = fencing.or(hold_at_least) {
+                let why = if name == "fencing" {
+                    "a fencing token orders holders one after another, and a semaphore has \
+                     several holders at once"
+                } else {
+                    "a semaphore has several holders at once, and a permit kept after the body \
+                     would only keep the next caller out"
+                };
+                return Err(span.error(format!(
+                    "`{name}` does not apply to a semaphore (`permits = N`): {why}; remove \
+                     `{name}`, or remove `permits` for an exclusive lock"
+                )));
+            }
+        }
+        if let (Some(_), Some((_, span))) = (self.read, self.hold_at_least_ms) {
+            return Err(span.error(
+                "`hold_at_least` does not apply to `read`: a read share kept after the body \
+                 would hold writers off; remove `hold_at_least` (only an exclusive lock or \
+                 `write` takes it)"
+                    .to_owned(),
+            ));
+        }
         // The default ttl (30 s) is long enough for `renew`: only an explicit
         // ttl can be too short.
         if let (Some(_), Some((millis, literal))) = (self.renew, &self.ttl_ms) {
@@ -178,10 +305,80 @@ impl ArgsParser {
                 .is_some_and(|(continue_on_lost, _)| continue_on_lost),
             fair: self.fair.is_some(),
             fencing: self.fencing.is_some(),
-            hold_at_least_ms: self.hold_at_least_ms,
+            hold_at_least_ms: self.hold_at_least_ms.map(|(millis, _)| millis),
             client: self.client,
             krate: self.krate,
+            kind: match (self.read, self.write, self.permits) {
+                (_, _, Some(permits)) => LockKind::Semaphore(permits),
+                (Some(_), _, _) => LockKind::Read,
+                (_, Some(_), _) => LockKind::Write,
+                _ => LockKind::Exclusive,
+            },
         })
+    }
+}
+
+fn reading_or_writing(side: &str) -> &'static str {
+    if side == "read" {
+        "reading"
+    } else {
+        "writing"
+    }
+}
+
+/// `permits = N`: an integer literal from 1 to `u32::MAX`, unsuffixed or
+/// `u32`.
+fn permits_value(meta: &ParseNestedMeta) -> syn::Result<u32> {
+    const RANGE: &str = "from 1 to 4294967295 (u32::MAX)";
+    let value = meta.value().map_err(|_| {
+        meta.error(
+            "`permits` needs a value, the number of callers let in at once (from 1 to \
+             4294967295): write `permits = 4`",
+        )
+    })?;
+    let expr: syn::Expr = value.parse()?;
+    let literal = match expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(literal),
+            ..
+        }) => literal,
+        other => {
+            return Err(syn::Error::new_spanned(
+                other,
+                format!(
+                    "`permits` takes an integer literal {RANGE}: write `permits = 4` (the \
+                     attribute reads the number itself, so a string, a constant or an expression \
+                     cannot be used)"
+                ),
+            ))
+        }
+    };
+    if !matches!(literal.suffix(), "" | "u32") {
+        return Err(syn::Error::new(
+            literal.span(),
+            format!(
+                "`permits` is a `u32`: write `permits = {}` without the `{}` suffix",
+                literal.base10_digits(),
+                literal.suffix()
+            ),
+        ));
+    }
+    match literal.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            literal.span(),
+            "`permits = 0` would let nobody in: a semaphore needs at least 1 permit; write \
+             `permits = 1` or more",
+        )),
+        Ok(permits) => Ok(permits),
+        Err(_) => Err(syn::Error::new(
+            literal.span(),
+            format!(
+                "`permits` of {} is over the limit of {} (u32::MAX); write `permits = {}` or less",
+                literal.base10_digits(),
+                u32::MAX,
+                u32::MAX
+            ),
+        )),
     }
 }
 
@@ -276,7 +473,7 @@ mod tests {
     use quote::quote;
     use syn::parse::Parser;
 
-    use super::{ArgsParser, LockArgs};
+    use super::{ArgsParser, LockArgs, LockKind};
 
     fn parse(args: TokenStream) -> syn::Result<LockArgs> {
         let mut parser = ArgsParser::default();
@@ -429,5 +626,219 @@ mod tests {
         ] {
             assert!(parse(args.clone()).is_ok(), "`{args}` was rejected");
         }
+    }
+
+    #[test]
+    fn read_write_and_permits_choose_the_kind() {
+        let kind = |args| parse(args).unwrap().kind;
+        assert_eq!(kind(quote!(key = "job")), LockKind::Exclusive);
+        assert_eq!(kind(quote!(key = "job", read)), LockKind::Read);
+        assert_eq!(kind(quote!(write, key = "job")), LockKind::Write);
+        assert_eq!(
+            kind(quote!(key = "job", permits = 4)),
+            LockKind::Semaphore(4)
+        );
+        assert_eq!(
+            kind(quote!(key = "job", permits = 4u32)),
+            LockKind::Semaphore(4)
+        );
+        assert_eq!(
+            kind(quote!(key = "job", permits = 1)),
+            LockKind::Semaphore(1)
+        );
+        assert_eq!(
+            kind(quote!(key = "job", permits = 4_294_967_295)),
+            LockKind::Semaphore(u32::MAX)
+        );
+        assert_eq!(
+            kind(quote!(key = "job", permits = 0x10)),
+            LockKind::Semaphore(16)
+        );
+
+        // What each kind takes.
+        for args in [
+            quote!(
+                key = "job",
+                read,
+                ttl = "1s",
+                wait = "1s",
+                renew,
+                max_hold = "1m",
+                on_lost = "continue",
+                fair,
+                fencing,
+                client = app.locks
+            ),
+            quote!(
+                key = "job",
+                write,
+                ttl = "1s",
+                wait = "1s",
+                renew,
+                fair,
+                fencing,
+                hold_at_least = "5s"
+            ),
+            quote!(
+                key = "job",
+                permits = 3,
+                ttl = "1s",
+                wait = "1s",
+                renew,
+                max_hold = "1m",
+                on_lost = "continue",
+                fair,
+                client = app.locks
+            ),
+            quote!(key = "job", fencing, hold_at_least = "5s"),
+        ] {
+            assert!(parse(args.clone()).is_ok(), "`{args}` was rejected");
+        }
+    }
+
+    #[test]
+    fn read_write_and_permits_exclude_each_other() {
+        assert_eq!(
+            error(quote!(key = "job", read, write)),
+            "`write` cannot be combined with `read`: the function takes the read/write lock \
+             either for reading (`read`, shared with other readers) or for writing (`write`, \
+             alone); keep one of them"
+        );
+        assert_eq!(
+            error(quote!(key = "job", write, read)),
+            "`read` cannot be combined with `write`: the function takes the read/write lock \
+             either for reading (`read`, shared with other readers) or for writing (`write`, \
+             alone); keep one of them"
+        );
+        assert_eq!(
+            error(quote!(key = "job", read, permits = 2)),
+            "`permits` cannot be combined with `read`: `permits = N` makes the lock a semaphore \
+             of N permits, `read` a read/write lock taken for reading; keep one of them"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits = 2, write)),
+            "`write` cannot be combined with `permits`: `write` makes the lock a read/write lock \
+             taken for writing, `permits = N` a semaphore of N permits; keep one of them"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits = 2, read)),
+            "`read` cannot be combined with `permits`: `read` makes the lock a read/write lock \
+             taken for reading, `permits = N` a semaphore of N permits; keep one of them"
+        );
+    }
+
+    #[test]
+    fn permits_takes_an_integer_from_1_to_u32_max() {
+        assert_eq!(
+            error(quote!(key = "job", permits = 0)),
+            "`permits = 0` would let nobody in: a semaphore needs at least 1 permit; write \
+             `permits = 1` or more"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits = 0u32)),
+            "`permits = 0` would let nobody in: a semaphore needs at least 1 permit; write \
+             `permits = 1` or more"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits = 4294967296)),
+            "`permits` of 4294967296 is over the limit of 4294967295 (u32::MAX); write \
+             `permits = 4294967295` or less"
+        );
+        assert_eq!(
+            error(quote!(
+                key = "job",
+                permits = 100000000000000000000000000000000000000000
+            )),
+            "`permits` of 100000000000000000000000000000000000000000 is over the limit of \
+             4294967295 (u32::MAX); write `permits = 4294967295` or less"
+        );
+        let not_a_literal = "`permits` takes an integer literal from 1 to 4294967295 \
+                             (u32::MAX): write `permits = 4` (the attribute reads the number \
+                             itself, so a string, a constant or an expression cannot be used)";
+        for value in [
+            quote!("4"),
+            quote!(2 + 2),
+            quote!(MAX_EXPORTS),
+            quote!(-1),
+            quote!(4.0),
+            quote!(true),
+        ] {
+            assert_eq!(
+                error(quote!(key = "job", permits = #value)),
+                not_a_literal,
+                "for {value}"
+            );
+        }
+        assert_eq!(
+            error(quote!(key = "job", permits = 4u64)),
+            "`permits` is a `u32`: write `permits = 4` without the `u64` suffix"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits)),
+            "`permits` needs a value, the number of callers let in at once (from 1 to \
+             4294967295): write `permits = 4`"
+        );
+    }
+
+    #[test]
+    fn a_semaphore_takes_no_fencing_or_hold_at_least() {
+        let fencing = "`fencing` does not apply to a semaphore (`permits = N`): a fencing token \
+                       orders holders one after another, and a semaphore has several holders at \
+                       once; remove `fencing`, or remove `permits` for an exclusive lock";
+        assert_eq!(error(quote!(key = "job", permits = 2, fencing)), fencing);
+        assert_eq!(error(quote!(key = "job", fencing, permits = 2)), fencing);
+        let hold_at_least = "`hold_at_least` does not apply to a semaphore (`permits = N`): a \
+                             semaphore has several holders at once, and a permit kept after the \
+                             body would only keep the next caller out; remove `hold_at_least`, \
+                             or remove `permits` for an exclusive lock";
+        assert_eq!(
+            error(quote!(key = "job", permits = 2, hold_at_least = "1s")),
+            hold_at_least
+        );
+        assert_eq!(
+            error(quote!(key = "job", hold_at_least = "1s", permits = 2)),
+            hold_at_least
+        );
+    }
+
+    #[test]
+    fn a_read_lock_takes_no_hold_at_least() {
+        let message = "`hold_at_least` does not apply to `read`: a read share kept after the \
+                       body would hold writers off; remove `hold_at_least` (only an exclusive \
+                       lock or `write` takes it)";
+        assert_eq!(
+            error(quote!(key = "job", read, hold_at_least = "1s")),
+            message
+        );
+        assert_eq!(
+            error(quote!(key = "job", hold_at_least = "1s", read)),
+            message
+        );
+    }
+
+    #[test]
+    fn read_write_and_permits_are_given_once() {
+        assert_eq!(
+            error(quote!(key = "job", read, read)),
+            "`read` is given twice: keep one"
+        );
+        assert_eq!(
+            error(quote!(key = "job", write, write)),
+            "`write` is given twice: keep one"
+        );
+        assert_eq!(
+            error(quote!(key = "job", permits = 2, permits = 3)),
+            "`permits` is given twice: keep one"
+        );
+        assert_eq!(
+            error(quote!(key = "job", read = true)),
+            "`read` is a flag and takes no value: write `read`"
+        );
+        assert_eq!(
+            error(quote!(key = "job", shared)),
+            "unknown argument `shared`: expected `key`, `ttl`, `wait`, `renew`, `max_hold`, \
+             `on_lost`, `fair`, `fencing`, `hold_at_least`, `read`, `write`, `permits`, \
+             `client` or `crate`"
+        );
     }
 }

@@ -6,7 +6,7 @@ use syn::parse::Parser;
 use syn::spanned::Spanned;
 use syn::ItemFn;
 
-use crate::args::{ArgsParser, LockArgs};
+use crate::args::{ArgsParser, LockArgs, LockKind};
 use crate::key_template::parse_key;
 use crate::return_kind::check_return_type;
 
@@ -61,13 +61,22 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     let krate = krate_at(&args, span);
     let format = &key.format;
     let key_args = &key.args;
-    let mut lock = if key_args.is_empty() {
+    let name_arg = if key_args.is_empty() {
         let literal = &args.key;
-        quote_spanned!(span=> #krate::Lock::new(#literal))
+        quote!(#literal)
     } else {
-        quote_spanned!(span=>
-            #krate::Lock::new(::std::format!(#format #(, #key_args)*))
-        )
+        quote_spanned!(span=> ::std::format!(#format #(, #key_args)*))
+    };
+    // The builder: a `Lock`, or an `RwLock` or `Semaphore` (same builder
+    // methods) whose side or permit is taken after the chain.
+    let mut lock = match args.kind {
+        LockKind::Exclusive => quote_spanned!(span=> #krate::Lock::new(#name_arg)),
+        LockKind::Read | LockKind::Write => {
+            quote_spanned!(span=> #krate::RwLock::new(#name_arg))
+        }
+        LockKind::Semaphore(permits) => {
+            quote_spanned!(span=> #krate::Semaphore::new(#name_arg, #permits))
+        }
     };
     if let Some(client) = &args.client {
         // Borrowed, then cloned: the expression's owner (`app` in
@@ -113,6 +122,12 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     }
     if let Some(hold_at_least) = args.hold_at_least_ms {
         lock = quote!(#lock.hold_at_least(::core::time::Duration::from_millis(#hold_at_least)));
+    }
+    match args.kind {
+        LockKind::Exclusive => {}
+        LockKind::Read => lock = quote!(#lock.read()),
+        LockKind::Write => lock = quote!(#lock.write()),
+        LockKind::Semaphore(_) => lock = quote!(#lock.take(1)),
     }
     let name = sig.ident.to_string();
     // Naming the return type makes a return type the runtime cannot use an
@@ -271,6 +286,63 @@ mod tests {
             },
         );
         insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn read_side_with_wait_renew_and_fencing() {
+        let expanded = super::expand(
+            quote!(key = "prices:<market>", read, wait = "2s", renew, fencing),
+            quote! {
+                async fn quote_price(market: &str) -> Result<u64, PriceError> {
+                    load_price(market).await
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn semaphore_with_permits_and_client() {
+        let expanded = super::expand(
+            quote!(
+                key = "exports",
+                permits = 4,
+                ttl = "30s",
+                fair,
+                client = app.locks
+            ),
+            quote! {
+                async fn export(app: &App) -> Option<usize> {
+                    app.run_export().await
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    /// `write` builds the same chain on an `RwLock`, ending with `.write()`.
+    #[test]
+    fn write_side_builds_on_an_rw_lock() {
+        let expanded = super::expand(
+            quote!(key = "doc:<id>", write, ttl = "5s", hold_at_least = "1s"),
+            quote!(
+                async fn edit(id: u64) {}
+            ),
+        )
+        .to_string();
+        assert!(!expanded.contains("compile_error"), "{expanded}");
+        assert!(
+            expanded.contains(
+                ":: lock_runtime :: RwLock :: new (:: std :: format ! (\"doc:{}\" , id)) . ttl"
+            ),
+            "{expanded}"
+        );
+        assert!(
+            expanded.contains(
+                ". hold_at_least (:: core :: time :: Duration :: from_millis (1000u64)) . write ()"
+            ),
+            "{expanded}"
+        );
     }
 
     /// With `crate = "..."`, nothing in the expansion names `lock_runtime`.

@@ -37,6 +37,15 @@ use proc_macro::TokenStream;
 ///   `current().unwrap().fencing_token()` in the body.
 /// - `hold_at_least` (default: none, at most a year): keep the lock at least
 ///   this long after acquiring it, even if the body ends sooner.
+/// - `read` / `write` (flags): take the read side (shared with other
+///   readers) or the write side (alone) of a `lock_runtime::RwLock` of this
+///   key instead of an exclusive lock. Not both; `hold_at_least` only with
+///   `write`. A `read` fn called inside a `write` fn on the same key enters
+///   at once; a `write` inside a `read` fails with `LockError::Config`.
+/// - `permits = N` (an integer literal, 1 to `u32::MAX`): take one permit of
+///   a `lock_runtime::Semaphore` of N permits: at most N bodies run at once.
+///   Not with `read` or `write`; no `fencing` or `hold_at_least` (a
+///   semaphore has several holders at once).
 /// - `client = <expr>` (default: the process-wide client): an expression, not
 ///   a string, for the `lock_runtime::Client` to use: a `Client`, `&Client`,
 ///   `Arc<Client>` (anything `AsRef<Client>`). Evaluated in the function's

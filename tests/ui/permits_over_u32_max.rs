@@ -1,0 +1,6 @@
+use lock_runtime::distributed_lock;
+
+#[distributed_lock(key = "job", permits = 4294967296)]
+async fn job() {}
+
+fn main() {}
