@@ -1,23 +1,51 @@
 //! `lock-bench compare`: every implementation on the same Redis, in one run,
 //! and the results written into docs/benchmarks.md (between markers) with a
 //! plot of W3 hand-off latency (docs/w3-handoff.svg).
+//!
+//! - W1: uncontended lock + unlock pairs on one client, every implementation
+//!   (and this project's `RwLock` read and write sides beside its `Lock`).
+//! - W2: 50 tasks on one client, each on its own key.
+//! - W3: 8 contenders (own connections) for one key, ~1 ms sections.
+//! - W4: 10,000 renewed locks held by one client (this project only).
+//! - W5: read-mostly, this project's `RwLock`: 8 readers and 1 writer (own
+//!   clients) on one key, ~1 ms sections, against the same tasks all on the
+//!   exclusive `Lock`.
+//! - W6: this project's `Semaphore` of 4 permits, 16 contenders (own
+//!   clients), ~1 ms sections.
+//! - W7: the W3 sections by 8 tasks on one client.
+//!
+//! `--only w1,w5` runs some of them, `--kinds manual,handwritten` some of the
+//! implementations (W1-W3, W7), `--scale 0.1` a tenth of the work; a partial
+//! run, or `--no-write`, prints and writes nothing.
 
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lock_runtime::{Client, Config, Lock, LockGuard, RwLock, Semaphore};
 use redis::AsyncCommands;
 use test_support::RedisServer;
 
 use crate::implementations::{
-    attribute_pair, attribute_section, attribute_wait_pair, Kind, Locker,
+    attribute_pair, attribute_section, attribute_wait_pair, Kind, Locker, TTL,
 };
 use crate::option;
 use crate::process_usage::{cpu_time, redis_cpu, redis_reads};
 use crate::renewal;
 
-const W1_KINDS: [Kind; 6] = [
+const W1_KINDS: [Kind; 8] = [
+    Kind::Manual,
+    Kind::ManualRead,
+    Kind::ManualWrite,
+    Kind::ManualWait,
+    Kind::Attribute,
+    Kind::AttributeWait,
+    Kind::HandWritten,
+    Kind::Rslock,
+];
+/// W2's: W1's without the read/write lock's sides.
+const W2_KINDS: [Kind; 6] = [
     Kind::Manual,
     Kind::ManualWait,
     Kind::Attribute,
@@ -104,6 +132,22 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         "| redis-benchmark `-c 1`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | 2 | |\n",
         ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
     ));
+        let rate = |of: Kind| {
+            w1.iter()
+                .find(|(kind, _)| *kind == of)
+                .map(|(_, result)| result.rate)
+        };
+        if let (Some(exclusive), Some(read), Some(write)) = (
+            rate(Kind::Manual),
+            rate(Kind::ManualRead),
+            rate(Kind::ManualWrite),
+        ) {
+            report.push_str(&format!(
+                "\n`RwLock` (no wait, like the manual API row): read {:.2} × the exclusive `Lock`'s pairs/s, write {:.2} ×.\n",
+                read / exclusive,
+                write / exclusive
+            ));
+        }
     }
 
     if runs("w2") {
@@ -182,6 +226,12 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     }
     if runs("w7") {
         report.push_str(&w7(&runtime, &server, (2_000.0 * scale) as usize, &picked));
+    }
+    if runs("w5") {
+        report.push_str(&w5(&runtime, &server, scale));
+    }
+    if runs("w6") {
+        report.push_str(&w6(&runtime, &server, (8_000.0 * scale) as usize));
     }
     if let Some(w4) = w4 {
         report.push_str(&w4);
@@ -377,7 +427,7 @@ async fn w2_interleaved(
     const TASKS: usize = 50;
     let per_task = pairs / ROUNDS / TASKS;
     let mut lockers = Vec::new();
-    for kind in W1_KINDS.into_iter().filter(picked) {
+    for kind in W2_KINDS.into_iter().filter(picked) {
         let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
         let mut warm = shared.for_key("w2:warm");
         pair(&mut warm, "w2:warm").await;
@@ -634,6 +684,337 @@ async fn w3(
         mean_hold,
         redis_cpu,
         counter_ok: counter == sections as i64,
+    }
+}
+
+/// How long W5 and W6 wait at most for the lock (never reached).
+const WAIT: Duration = Duration::from_secs(120);
+/// W5's readers.
+const READERS: usize = 8;
+/// W5's writer rests this long between its sections: reads are the most.
+const WRITER_PAUSE: Duration = Duration::from_millis(10);
+/// W6's semaphore.
+const PERMITS: u32 = 4;
+const PERMIT_CONTENDERS: usize = 16;
+
+/// A client of this project with its own connections, as each W3 contender.
+fn own_client(server: &RedisServer) -> Client {
+    Client::new(Config::new(server.url())).expect("client")
+}
+
+async fn connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Sleeps (on a blocking thread, as W3's sections: finer than tokio's
+/// timer) until ~1 ms after `acquired`.
+async fn hold_until_1ms(acquired: Instant) {
+    let rest = Duration::from_millis(1).saturating_sub(acquired.elapsed());
+    tokio::task::spawn_blocking(move || std::thread::sleep(rest))
+        .await
+        .unwrap();
+}
+
+/// W5: read-mostly, on this project's `RwLock`, against the same tasks on
+/// its exclusive `Lock`.
+fn w5(runtime: &tokio::runtime::Runtime, server: &RedisServer, scale: f64) -> String {
+    let reads = (8_000.0 * scale) as usize;
+    // The exclusive lock runs the sections one at a time: ~8 × slower.
+    let exclusive_sections = (2_000.0 * scale) as usize;
+    let exclusive = runtime.block_on(w5_run(server, false, exclusive_sections));
+    let rw = runtime.block_on(w5_run(server, true, reads));
+    let reference = READERS as f64 * exclusive.rate_all();
+    let mut report = format!(
+        "\n### W5: read-mostly, {READERS} readers + 1 writer (each task its own client and connections, as W3's contenders) on one key, ~1 ms sections; the writer rests {} ms between its sections; {reads} reads ({exclusive_sections} reads on the exclusive lock)\n\n",
+        WRITER_PAUSE.as_millis()
+    );
+    report.push_str("| lock | reads/s | × 8 × exclusive sections/s | sections/s (all tasks) | read wait p50 / p99 | writer wait p50 / p99 / max | writer sections | Redis CPU per section | exclusion |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (label, result, ratio) in [
+        (
+            "this project, `RwLock` (read / write)",
+            &rw,
+            format!("{:.2}", rw.rate_reads() / reference),
+        ),
+        (
+            "this project, exclusive `Lock` (all 9 tasks)",
+            &exclusive,
+            "reference".to_owned(),
+        ),
+    ] {
+        report.push_str(&format!(
+            "| {label} | {:.0} | {ratio} | {:.0} | {} / {} ms | {} / {} / {} ms | {} | {:.0} µs | {} |\n",
+            result.rate_reads(),
+            result.rate_all(),
+            ms(result.read_wait[0]),
+            ms(result.read_wait[1]),
+            ms(result.write_wait[0]),
+            ms(result.write_wait[1]),
+            ms(result.write_wait[2]),
+            result.writes,
+            result.redis_cpu.as_secs_f64() * 1e6,
+            if result.exclusion_ok {
+                "kept"
+            } else {
+                "VIOLATED"
+            },
+        ));
+    }
+    report.push_str(&format!(
+        "\nAll tasks wait (`wait`, woken by releases). Reference: {READERS} × the exclusive lock's sections/s (readers' and writer's) = {reference:.0}/s, as if every reader read in parallel with no writer. Writer wait: from the writer's acquire call to holding the write lock (it first waits for the readers in their sections to leave). A reader's section reads a value at its start and end, the writer's increments it at its start and end: \"exclusion\" tells whether a reader ever saw a write under way.\n"
+    ));
+    report
+}
+
+struct ReadMostly {
+    reads: usize,
+    /// The writer's sections done while the readers ran.
+    writes: usize,
+    elapsed: Duration,
+    read_wait: [Duration; 2],
+    write_wait: [Duration; 3],
+    /// Per section, reads and writes.
+    redis_cpu: Duration,
+    exclusion_ok: bool,
+}
+
+impl ReadMostly {
+    fn rate_reads(&self) -> f64 {
+        self.reads as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn rate_all(&self) -> f64 {
+        (self.reads + self.writes) as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// One W5 run: `reads` sections by the readers, while the writer writes.
+/// `rw` false: every task takes the exclusive `Lock` instead.
+async fn w5_run(server: &RedisServer, rw: bool, reads: usize) -> ReadMostly {
+    let key = format!("w5:{}", if rw { "rw" } else { "exclusive" });
+    let value_key = format!("{key}:value");
+    let lock = |write: bool| {
+        if rw {
+            let lock = RwLock::new(key.as_str())
+                .ttl(TTL)
+                .wait(WAIT)
+                .client(own_client(server));
+            if write {
+                lock.write()
+            } else {
+                lock.read()
+            }
+        } else {
+            Lock::new(key.as_str())
+                .ttl(TTL)
+                .wait(WAIT)
+                .client(own_client(server))
+        }
+    };
+    let claimed = Arc::new(AtomicUsize::new(0));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let readers_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let violated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let read_waits = Arc::new(Mutex::new(Vec::with_capacity(reads)));
+    let mut tasks = Vec::new();
+    let mut prepared = Vec::new();
+    for _ in 0..READERS {
+        prepared.push((lock(false), connection(server).await));
+    }
+    let (writer_lock, mut writer_connection) = (lock(true), connection(server).await);
+    let cpu_before = redis_cpu(server);
+    let started = Instant::now();
+    for (lock, mut connection) in prepared {
+        let (claimed, violated, read_waits, value_key) = (
+            Arc::clone(&claimed),
+            Arc::clone(&violated),
+            Arc::clone(&read_waits),
+            value_key.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while claimed.fetch_add(1, Ordering::SeqCst) < reads {
+                let requested = Instant::now();
+                let guard = lock.acquire().await.expect("read acquire");
+                let acquired = Instant::now();
+                read_waits.lock().unwrap().push(acquired - requested);
+                let first: Option<i64> = connection.get(&value_key).await.unwrap();
+                hold_until_1ms(acquired).await;
+                let last: Option<i64> = connection.get(&value_key).await.unwrap();
+                if first != last || first.unwrap_or(0) % 2 != 0 {
+                    violated.store(true, Ordering::SeqCst);
+                }
+                guard.release().await.expect("read release");
+            }
+        }));
+    }
+    let writer = {
+        let (writes, readers_done, violated, value_key) = (
+            Arc::clone(&writes),
+            Arc::clone(&readers_done),
+            Arc::clone(&violated),
+            value_key.clone(),
+        );
+        tokio::spawn(async move {
+            let mut waits = Vec::new();
+            while !readers_done.load(Ordering::SeqCst) {
+                let requested = Instant::now();
+                let guard = writer_lock.acquire().await.expect("write acquire");
+                let acquired = Instant::now();
+                waits.push(acquired - requested);
+                // Odd while the write is under way.
+                let first: i64 = writer_connection.incr(&value_key, 1).await.unwrap();
+                hold_until_1ms(acquired).await;
+                let last: i64 = writer_connection.incr(&value_key, 1).await.unwrap();
+                if first % 2 != 1 || last != first + 1 {
+                    violated.store(true, Ordering::SeqCst);
+                }
+                guard.release().await.expect("write release");
+                writes.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(WRITER_PAUSE).await;
+            }
+            waits
+        })
+    };
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let writes_done = writes.load(Ordering::SeqCst);
+    readers_done.store(true, Ordering::SeqCst);
+    let mut write_waits = writer.await.unwrap();
+    let sections = (reads + writes.load(Ordering::SeqCst)) as u32;
+    let redis_cpu = (redis_cpu(server) - cpu_before) / sections;
+    let mut read_waits = std::mem::take(&mut *read_waits.lock().unwrap());
+    ReadMostly {
+        reads,
+        writes: writes_done,
+        elapsed,
+        read_wait: [
+            percentile(&mut read_waits, 0.5),
+            percentile(&mut read_waits, 0.99),
+        ],
+        write_wait: [
+            percentile(&mut write_waits, 0.5),
+            percentile(&mut write_waits, 0.99),
+            percentile(&mut write_waits, 1.0),
+        ],
+        redis_cpu,
+        exclusion_ok: !violated.load(Ordering::SeqCst),
+    }
+}
+
+/// W6: this project's `Semaphore`, `PERMITS` permits for `PERMIT_CONTENDERS`
+/// contenders.
+fn w6(runtime: &tokio::runtime::Runtime, server: &RedisServer, sections: usize) -> String {
+    let rtt = runtime.block_on(ping_rtt(server, Duration::ZERO));
+    let mut report = format!(
+        "\n### W6: semaphore of {PERMITS} permits, {PERMIT_CONTENDERS} contenders (each its own client and connections, as W3's), {sections} sections of ~1 ms\n\n"
+    );
+    report.push_str(&format!("| implementation | sections/s | × {PERMITS}/(hold + 2 PING) | wait p50 / p99 / max | busiest | Redis CPU per section | most held at once |\n|---|---:|---:|---:|---:|---:|---:|\n"));
+    for fair in [false, true] {
+        let result = runtime.block_on(w6_run(server, fair, sections));
+        let bound = PERMITS as f64 / (result.mean_hold + rtt * 2).as_secs_f64();
+        report.push_str(&format!(
+            "| this project, `Semaphore`{} | {:.0} | {:.2} | {} / {} / {} ms | {:.1} % | {:.0} µs | {} |\n",
+            if fair { ", fair" } else { "" },
+            result.rate,
+            result.rate / bound,
+            ms(result.wait[0]),
+            ms(result.wait[1]),
+            ms(result.wait[2]),
+            result.busiest * 100.0,
+            result.redis_cpu.as_secs_f64() * 1e6,
+            result.most_held,
+        ));
+    }
+    report.push_str(&format!(
+        "\nA section: ~1 ms asleep holding one permit, no Redis command. Bound: {PERMITS} permits each held for the mean hold plus 2 PING round trips (release, next acquire; PING p50 {} ms back to back). Busiest: the share of the sections done by the contender that did the most (even: {:.2} %). Most held at once: permits held together as the contenders counted them (at most {PERMITS}).\n",
+        ms(rtt),
+        100.0 / PERMIT_CONTENDERS as f64
+    ));
+    report
+}
+
+struct Permits {
+    rate: f64,
+    wait: [Duration; 3],
+    busiest: f64,
+    mean_hold: Duration,
+    redis_cpu: Duration,
+    most_held: usize,
+}
+
+async fn w6_run(server: &RedisServer, fair: bool, sections: usize) -> Permits {
+    let key = format!("w6:{}", if fair { "fair" } else { "default" });
+    let claimed = Arc::new(AtomicUsize::new(0));
+    let held = Arc::new(AtomicUsize::new(0));
+    let most_held = Arc::new(AtomicUsize::new(0));
+    let samples = Arc::new(Mutex::new((Vec::new(), Vec::new())));
+    let semaphores: Vec<Semaphore> = (0..PERMIT_CONTENDERS)
+        .map(|_| {
+            let semaphore = Semaphore::new(key.as_str(), PERMITS)
+                .ttl(TTL)
+                .wait(WAIT)
+                .client(own_client(server));
+            if fair {
+                semaphore.fair()
+            } else {
+                semaphore
+            }
+        })
+        .collect();
+    let cpu_before = redis_cpu(server);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for semaphore in semaphores {
+        let (claimed, held, most_held, samples) = (
+            Arc::clone(&claimed),
+            Arc::clone(&held),
+            Arc::clone(&most_held),
+            Arc::clone(&samples),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut mine = 0usize;
+            while claimed.fetch_add(1, Ordering::SeqCst) < sections {
+                let requested = Instant::now();
+                let permit: LockGuard = semaphore.acquire().await.expect("permit");
+                let acquired = Instant::now();
+                let now_held = held.fetch_add(1, Ordering::SeqCst) + 1;
+                most_held.fetch_max(now_held, Ordering::SeqCst);
+                hold_until_1ms(acquired).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+                {
+                    let mut samples = samples.lock().unwrap();
+                    samples.0.push(acquired - requested);
+                    samples.1.push(acquired.elapsed());
+                }
+                permit.release().await.expect("permit release");
+                mine += 1;
+            }
+            mine
+        }));
+    }
+    let mut per_contender = Vec::new();
+    for task in tasks {
+        per_contender.push(task.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let redis_cpu = (redis_cpu(server) - cpu_before) / sections as u32;
+    let (mut waits, holds) = std::mem::take(&mut *samples.lock().unwrap());
+    Permits {
+        rate: sections as f64 / elapsed,
+        wait: [
+            percentile(&mut waits, 0.5),
+            percentile(&mut waits, 0.99),
+            percentile(&mut waits, 1.0),
+        ],
+        busiest: *per_contender.iter().max().unwrap() as f64 / sections as f64,
+        mean_hold: holds.iter().sum::<Duration>() / holds.len() as u32,
+        redis_cpu,
+        most_held: most_held.load(Ordering::SeqCst),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, Client, Config, Lock, LockError, LockGuard};
+use lock_runtime::{distributed_lock, Client, Config, Lock, LockError, LockGuard, RwLock};
 use redis::aio::MultiplexedConnection;
 
 /// What is compared.
@@ -15,6 +15,10 @@ pub(crate) enum Kind {
     /// This project, manual API, `acquire` with a wait (the handler form),
     /// in the uncontended workloads.
     ManualWait,
+    /// This project, the read side of an `RwLock` (manual API, W1).
+    ManualRead,
+    /// This project, the write side of an `RwLock` (manual API, W1).
+    ManualWrite,
     /// This project, the attribute (process-wide client).
     Attribute,
     /// This project, the attribute with `wait = "2s"`, in the uncontended
@@ -35,6 +39,8 @@ impl Kind {
             Kind::Manual => "this project, manual API",
             Kind::ManualFair => "this project, manual API, fair",
             Kind::ManualWait => "this project, manual API, wait",
+            Kind::ManualRead => "this project, RwLock read",
+            Kind::ManualWrite => "this project, RwLock write",
             Kind::Attribute => "this project, #[distributed_lock]",
             Kind::AttributeWait => "this project, #[distributed_lock], wait",
             Kind::HandWritten => "hand-written redis crate (floor)",
@@ -44,7 +50,18 @@ impl Kind {
     }
 }
 
-const TTL: Duration = Duration::from_secs(10);
+pub(crate) const TTL: Duration = Duration::from_secs(10);
+
+/// Which lock of this project a [`Locker::Ours`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The exclusive `Lock`.
+    Exclusive,
+    /// `RwLock::read()`.
+    Read,
+    /// `RwLock::write()`.
+    Write,
+}
 
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -56,6 +73,7 @@ pub(crate) enum Locker {
     Ours {
         client: Client,
         key: String,
+        side: Side,
         fair: bool,
         wait: bool,
     },
@@ -81,9 +99,18 @@ impl Locker {
     /// A contender for `key`. `wait` asks the waiting variant (W3).
     pub(crate) async fn new(kind: Kind, url: &str, key: &str, wait: bool) -> Locker {
         match kind {
-            Kind::Manual | Kind::ManualFair | Kind::ManualWait => Locker::Ours {
+            Kind::Manual
+            | Kind::ManualFair
+            | Kind::ManualWait
+            | Kind::ManualRead
+            | Kind::ManualWrite => Locker::Ours {
                 client: Client::new(Config::new(url)).expect("client"),
                 key: key.to_owned(),
+                side: match kind {
+                    Kind::ManualRead => Side::Read,
+                    Kind::ManualWrite => Side::Write,
+                    _ => Side::Exclusive,
+                },
                 fair: kind == Kind::ManualFair,
                 wait: wait || kind == Kind::ManualWait,
             },
@@ -113,10 +140,15 @@ impl Locker {
     pub(crate) fn for_key(&self, key: &str) -> Locker {
         match self {
             Locker::Ours {
-                client, fair, wait, ..
+                client,
+                side,
+                fair,
+                wait,
+                ..
             } => Locker::Ours {
                 client: client.clone(),
                 key: key.to_owned(),
+                side: *side,
                 fair: *fair,
                 wait: *wait,
             },
@@ -140,10 +172,16 @@ impl Locker {
             Locker::Ours {
                 client,
                 key,
+                side,
                 fair,
                 wait,
             } => {
-                let mut lock = Lock::new(key.as_str()).ttl(TTL).client(client.clone());
+                let lock = match side {
+                    Side::Exclusive => Lock::new(key.as_str()),
+                    Side::Read => RwLock::new(key.as_str()).read(),
+                    Side::Write => RwLock::new(key.as_str()).write(),
+                };
+                let mut lock = lock.ttl(TTL).client(client.clone());
                 if *wait {
                     lock = lock.wait(Duration::from_secs(120));
                 }
