@@ -28,10 +28,50 @@
 //! - `fair-wait KEY ID`: waits for the fair lock; once it has it, appends ID
 //!   to the list `order`, releases, and prints `done`.
 //! - `wait KEY ID`: the same without `fair`.
+//!
+//! Read/write lock and semaphore modes. Their sections keep their
+//! bookkeeping in Redis under `KEY:...` (apart from the lock's own keys),
+//! and a section that finds another holder it should not see counts a
+//! violation (also INCR `KEY:violations`); the modes that run sections end
+//! by printing `done` when there was none, else `violation N: FIRST`.
+//! - `rw-count KEY MODE TASKS SECTIONS`: MODE is `read` or `write`. Prints
+//!   `ready`, waits for `go` on stdin, then TASKS tasks each run SECTIONS
+//!   sections under the RwLock KEY (ttl 10 s, wait 60 s) on that side. A
+//!   read section INCRs `KEY:readers-in` (keeping the highest value seen in
+//!   `KEY:max-readers`, and the highest number of distinct processes inside
+//!   at once in `KEY:max-reader-procs`), checks `KEY:writers-in` is 0, sleeps
+//!   2 ms, checks again, DECRs and INCRs `KEY:read-sections`. A write
+//!   section INCRs `KEY:writers-in`, checks it is 1 and `KEY:readers-in` is
+//!   0, does a non-atomic GET / +1 / SET of `KEY:counter`, checks again and
+//!   DECRs. MODE `write-as-read` runs the write sections under the read side
+//!   (the control that shows the checks catch sharing writers).
+//! - `rw-hammer KEY TASKS`: TASKS tasks run read sections (as `rw-count`)
+//!   back to back; prints `ready` once this process finished one, and stops
+//!   when `stop` arrives on stdin; prints `done` or `violation ...`.
+//! - `rw-write-timed KEY WAIT_MS`: takes the write side (ttl 10 s, wait
+//!   WAIT_MS), runs one write section holding it 20 ms, releases; prints
+//!   `acquired-after MS` (MS: how long the acquire took), `timeout`, or
+//!   `violation ...`.
+//! - `rw-hold KEY MODE TTL_MS [WAIT_MS]`: takes the `read` or `write` side
+//!   with the manual API (no renewal; waiting WAIT_MS when given), prints
+//!   `held TOKEN MS` (MS: how long the acquire took), `busy` or `timeout`;
+//!   once held, waits for `release` on stdin, releases, prints `released`,
+//!   `lost CAUSE` or `error: MESSAGE`.
+//! - `rw-try KEY MODE`: one try of that side; prints `acquired` (and
+//!   releases), `busy` or `error: MESSAGE`.
+//! - `sem-count KEY PERMITS TASKS SECTIONS`: prints `ready`, waits for `go`,
+//!   then TASKS tasks each run SECTIONS sections holding one permit of the
+//!   Semaphore KEY (ttl 10 s, wait 60 s). A section INCRs `KEY:inside`
+//!   (highest value seen kept in `KEY:max-inside`) and counts the permits of
+//!   the live holders in the semaphore's ZSET (highest kept in
+//!   `KEY:max-holders`), each a violation above PERMITS; sleeps 2 ms, DECRs.
+//! - `sem-hold KEY PERMITS TTL_MS [WAIT_MS]`: takes one permit (manual API,
+//!   no renewal); then as `rw-hold`.
+//! - `sem-try KEY PERMITS`: one try of one permit; as `rw-try`.
 
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, Lock, LockError};
+use lock_runtime::{distributed_lock, Lock, LockError, RwLock, Semaphore};
 use redis::AsyncCommands;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -62,6 +102,29 @@ async fn main() {
         ["quick-job", key] => quick_job(key).await,
         ["fair-wait", key, id] => wait_in_line(key, id, true).await,
         ["wait", key, id] => wait_in_line(key, id, false).await,
+        ["rw-count", key, mode, tasks, sections] => {
+            rw_count(key, mode, parse(tasks), parse(sections)).await
+        }
+        ["rw-hammer", key, tasks] => rw_hammer(key, parse(tasks)).await,
+        ["rw-write-timed", key, wait_ms] => rw_write_timed(key, parse(wait_ms)).await,
+        ["rw-hold", key, mode, ttl_ms, wait_ms @ ..] => {
+            let lock = rw_lock(key, parse(ttl_ms), wait_ms.first().map(|ms| parse(ms)));
+            hold_shared(side(&lock, mode)).await
+        }
+        ["rw-try", key, mode] => try_shared(side(&RwLock::new(*key), mode)).await,
+        ["sem-count", key, permits, tasks, sections] => {
+            sem_count(key, parse(permits), parse(tasks), parse(sections)).await
+        }
+        ["sem-hold", key, permits, ttl_ms, wait_ms @ ..] => {
+            let semaphore = semaphore(
+                key,
+                parse(permits),
+                parse(ttl_ms),
+                wait_ms.first().map(|ms| parse(ms)),
+            );
+            hold_shared(semaphore.take(1)).await
+        }
+        ["sem-try", key, permits] => try_shared(Semaphore::new(*key, parse(permits)).take(1)).await,
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }
@@ -343,4 +406,313 @@ async fn wait_in_line(key: &str, id: &str, fair: bool) {
     let _: i64 = redis.rpush("order", id).await.unwrap();
     guard.release().await.expect("wait: release");
     say("done");
+}
+
+// ---------------------------------------------------------------------------
+// Read/write lock and semaphore modes.
+
+/// The sections' checks found this many holders that should not be there;
+/// the first one's description.
+static VIOLATIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static FIRST_VIOLATION: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+async fn violation(redis: &mut Redis, key: &str, what: String) {
+    let _: i64 = redis.incr(format!("{key}:violations"), 1).await.unwrap();
+    VIOLATIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    FIRST_VIOLATION.lock().unwrap().get_or_insert(what);
+}
+
+/// `done`, or `violation N: FIRST`.
+fn report_violations() {
+    match VIOLATIONS.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => say("done"),
+        count => {
+            let first = FIRST_VIOLATION.lock().unwrap().clone().unwrap_or_default();
+            say(&format!("violation {count}: {first}"));
+        }
+    }
+}
+
+fn rw_lock(key: &str, ttl_ms: u64, wait_ms: Option<u64>) -> RwLock {
+    let lock = RwLock::new(key).ttl(Duration::from_millis(ttl_ms));
+    match wait_ms {
+        Some(wait_ms) => lock.wait(Duration::from_millis(wait_ms)),
+        None => lock,
+    }
+}
+
+fn semaphore(key: &str, permits: u32, ttl_ms: u64, wait_ms: Option<u64>) -> Semaphore {
+    let semaphore = Semaphore::new(key, permits).ttl(Duration::from_millis(ttl_ms));
+    match wait_ms {
+        Some(wait_ms) => semaphore.wait(Duration::from_millis(wait_ms)),
+        None => semaphore,
+    }
+}
+
+fn side(lock: &RwLock, mode: &str) -> Lock {
+    match mode {
+        "read" => lock.read(),
+        "write" => lock.write(),
+        _ => panic!("mode is `read` or `write`, not {mode:?}"),
+    }
+}
+
+/// Enters a read section: counts this reader in, keeps the highest number
+/// of readers and of reader processes seen inside at once, and returns the
+/// writers inside.
+const READER_IN: &str = r"
+local v = redis.call('INCR', KEYS[1])
+if v > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], v) end
+redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+local p = redis.call('HLEN', KEYS[3])
+if p > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEYS[4], p) end
+return tonumber(redis.call('GET', KEYS[5]) or '0')
+";
+
+/// Leaves a read section; returns the writers inside.
+const READER_OUT: &str = r"
+redis.call('DECR', KEYS[1])
+if redis.call('HINCRBY', KEYS[3], ARGV[1], -1) <= 0 then redis.call('HDEL', KEYS[3], ARGV[1]) end
+redis.call('INCR', KEYS[6])
+return tonumber(redis.call('GET', KEYS[5]) or '0')
+";
+
+/// `{writers inside, readers inside}`, after counting this writer in (ARGV
+/// 1) or not (0).
+const WRITER_CHECK: &str = r"
+local w = tonumber(ARGV[1]) == 1 and redis.call('INCR', KEYS[1]) or tonumber(redis.call('GET', KEYS[1]) or '0')
+return {w, tonumber(redis.call('GET', KEYS[2]) or '0')}
+";
+
+async fn reader_script(redis: &mut Redis, key: &str, script: &str) -> i64 {
+    redis::Script::new(script)
+        .key(format!("{key}:readers-in"))
+        .key(format!("{key}:max-readers"))
+        .key(format!("{key}:procs-in"))
+        .key(format!("{key}:max-reader-procs"))
+        .key(format!("{key}:writers-in"))
+        .key(format!("{key}:read-sections"))
+        .arg(std::process::id())
+        .invoke_async(redis)
+        .await
+        .unwrap()
+}
+
+async fn read_section(redis: &mut Redis, key: &str) {
+    let writers = reader_script(redis, key, READER_IN).await;
+    if writers != 0 {
+        let what = format!("a reader entered beside {writers} writer(s)");
+        violation(redis, key, what).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let writers = reader_script(redis, key, READER_OUT).await;
+    if writers != 0 {
+        let what = format!("a reader left beside {writers} writer(s)");
+        violation(redis, key, what).await;
+    }
+}
+
+async fn writer_check(redis: &mut Redis, key: &str, enter: bool, when: &str) {
+    let (writers, readers): (i64, i64) = redis::Script::new(WRITER_CHECK)
+        .key(format!("{key}:writers-in"))
+        .key(format!("{key}:readers-in"))
+        .arg(i64::from(enter))
+        .invoke_async(redis)
+        .await
+        .unwrap();
+    if writers != 1 || readers != 0 {
+        let what =
+            format!("a writer {when} with {writers} writer(s) and {readers} reader(s) inside");
+        violation(redis, key, what).await;
+    }
+}
+
+async fn write_section(redis: &mut Redis, key: &str, hold: Duration) {
+    writer_check(redis, key, true, "entered").await;
+    increment(redis, &format!("{key}:counter")).await;
+    tokio::time::sleep(hold).await;
+    writer_check(redis, key, false, "left").await;
+    let _: i64 = redis.decr(format!("{key}:writers-in"), 1).await.unwrap();
+}
+
+async fn rw_count(key: &str, mode: &str, tasks: usize, sections: usize) {
+    let lock = rw_lock(key, 10_000, Some(60_000));
+    let (side, write) = match mode {
+        "read" => (lock.read(), false),
+        "write" => (lock.write(), true),
+        "write-as-read" => (lock.read(), true),
+        _ => panic!("rw-count: unknown mode {mode:?}"),
+    };
+    let mut connections = Vec::new();
+    for _ in 0..tasks {
+        connections.push(bookkeeping().await);
+    }
+    say("ready");
+    assert_eq!(next_line().await, "go");
+    let mut handles = Vec::new();
+    for mut redis in connections {
+        let (side, key) = (side.clone(), key.to_owned());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..sections {
+                let section = async {
+                    if write {
+                        write_section(&mut redis, &key, Duration::ZERO).await;
+                    } else {
+                        read_section(&mut redis, &key).await;
+                    }
+                };
+                side.run(section)
+                    .await
+                    .expect("rw-count: section under the lock");
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    report_violations();
+}
+
+async fn rw_hammer(key: &str, tasks: usize) {
+    let reader = rw_lock(key, 10_000, Some(60_000)).read();
+    let first = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (reader, key, first) = (reader.clone(), key.to_owned(), first.clone());
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            while !STOP.load(std::sync::atomic::Ordering::SeqCst) {
+                reader
+                    .run(read_section(&mut redis, &key))
+                    .await
+                    .expect("rw-hammer: section under the lock");
+                first.notify_one();
+            }
+        }));
+    }
+    first.notified().await;
+    say("ready");
+    assert_eq!(next_line().await, "stop");
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    report_violations();
+}
+
+async fn rw_write_timed(key: &str, wait_ms: u64) {
+    let writer = rw_lock(key, 10_000, Some(wait_ms)).write();
+    let mut redis = bookkeeping().await;
+    let started = std::time::Instant::now();
+    let guard = match writer.acquire().await {
+        Ok(guard) => guard,
+        Err(LockError::WaitTimeout { .. }) => return say("timeout"),
+        Err(error) => return say(&format!("error: {error}")),
+    };
+    let took = started.elapsed();
+    write_section(&mut redis, key, Duration::from_millis(20)).await;
+    guard.release().await.expect("rw-write-timed: release");
+    if VIOLATIONS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        say(&format!("acquired-after {}", took.as_millis()));
+    } else {
+        report_violations();
+    }
+}
+
+/// Takes `lock` (a side of a read/write lock, or permits), prints the
+/// outcome, and holds it until `release` arrives on stdin.
+async fn hold_shared(lock: Lock) {
+    let started = std::time::Instant::now();
+    let guard = match lock.acquire().await {
+        Ok(guard) => guard,
+        Err(LockError::Busy { .. }) => return say("busy"),
+        Err(LockError::WaitTimeout { .. }) => return say("timeout"),
+        Err(error) => return say(&format!("error: {error}")),
+    };
+    say(&format!(
+        "held {} {}",
+        guard.token(),
+        started.elapsed().as_millis()
+    ));
+    assert_eq!(next_line().await, "release");
+    match guard.release().await {
+        Ok(()) => say("released"),
+        Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+async fn try_shared(lock: Lock) {
+    match lock.try_acquire().await {
+        Ok(guard) => {
+            say("acquired");
+            guard.release().await.expect("release");
+        }
+        Err(LockError::Busy { .. }) => say("busy"),
+        Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+/// Enters a semaphore section: counts this holder in and the permits of the
+/// live holders in the semaphore's ZSET (KEYS[3]; the `#capacity:N` member
+/// left out), keeping the highest of each; returns both.
+const PERMIT_IN: &str = r"
+local v = redis.call('INCR', KEYS[1])
+if v > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], v) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = 0
+local members = redis.call('ZRANGE', KEYS[3], '0', '-1', 'WITHSCORES')
+for i = 1, #members, 2 do
+  local member, expiry = members[i], tonumber(members[i + 1])
+  if string.sub(member, 1, 1) ~= '#' and expiry > now then
+    held = held + tonumber(string.match(member, '^(%d+)|'))
+  end
+end
+if held > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEYS[4], held) end
+return {v, held}
+";
+
+async fn permit_section(redis: &mut Redis, key: &str, permits: i64) {
+    let (inside, held): (i64, i64) = redis::Script::new(PERMIT_IN)
+        .key(format!("{key}:inside"))
+        .key(format!("{key}:max-inside"))
+        .key(format!("lock:{{{key}}}:sem"))
+        .key(format!("{key}:max-holders"))
+        .invoke_async(redis)
+        .await
+        .unwrap();
+    if inside > permits || held > permits {
+        let what = format!("{inside} inside and {held} permits held, of {permits}");
+        violation(redis, key, what).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let _: i64 = redis.decr(format!("{key}:inside"), 1).await.unwrap();
+}
+
+async fn sem_count(key: &str, permits: u32, tasks: usize, sections: usize) {
+    let semaphore = semaphore(key, permits, 10_000, Some(60_000));
+    let mut connections = Vec::new();
+    for _ in 0..tasks {
+        connections.push(bookkeeping().await);
+    }
+    say("ready");
+    assert_eq!(next_line().await, "go");
+    let mut handles = Vec::new();
+    for mut redis in connections {
+        let (semaphore, key) = (semaphore.clone(), key.to_owned());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..sections {
+                semaphore
+                    .run(permit_section(&mut redis, &key, i64::from(permits)))
+                    .await
+                    .expect("sem-count: section holding a permit");
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    report_violations();
 }

@@ -1,0 +1,397 @@
+//! The read/write lock on a real Redis: shares, exclusion, waking,
+//! reentrancy, fencing, renewal, and the bugs that hit Redisson's
+//! RReadWriteLock (issue 891, PRs 7098 and 7251, expired unlocks).
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{Client, Config, LockError, LostCause, RwLock};
+
+fn client(server: &RedisServer) -> Client {
+    Client::new(Config::new(server.url())).unwrap()
+}
+
+fn score(server: &RedisServer, key: &str, member: &str) -> Option<i64> {
+    value(&redis(server, &["ZSCORE", key, member])).map(|score| score.parse().unwrap())
+}
+
+fn server_ms(server: &RedisServer) -> i64 {
+    let reply = redis(server, &["TIME"]);
+    let parts: Vec<&str> = reply.split("\r\n").collect();
+    let seconds: i64 = parts[2].parse().unwrap();
+    let micros: i64 = parts[4].parse().unwrap();
+    seconds * 1000 + micros / 1000
+}
+
+#[tokio::test]
+async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("prices")
+        .ttl(Duration::from_secs(10))
+        .client(client(&server));
+    let first = lock.read().try_acquire().await.unwrap();
+    let second = lock.read().try_acquire().await.unwrap();
+    assert_eq!(first.redis_key(), "lock:{prices}:rw");
+    assert_ne!(first.token(), second.token());
+    // Each share is its own member, scored with its expiry on the server's
+    // clock.
+    let now = server_ms(&server);
+    for guard in [&first, &second] {
+        let expiry = score(&server, "lock:{prices}:rw:readers", guard.token()).unwrap();
+        assert!(
+            expiry > now + 9_000 && expiry <= now + 10_100,
+            "{expiry} vs {now}"
+        );
+    }
+    let busy = lock.write().try_acquire().await.unwrap_err();
+    assert!(matches!(busy, LockError::Busy { .. }), "{busy:?}");
+    first.release().await.unwrap();
+    // The other share is untouched by the first one's release.
+    assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
+    assert!(lock.write().try_acquire().await.is_err());
+    second.release().await.unwrap();
+    assert_eq!(
+        redis(&server, &["EXISTS", "lock:{prices}:rw:readers"]),
+        ":0\r\n"
+    );
+
+    let writer = lock.write().try_acquire().await.unwrap();
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{prices}:rw"])).as_deref(),
+        Some(writer.token())
+    );
+    assert!(lock.read().try_acquire().await.is_err());
+    assert!(lock.write().try_acquire().await.is_err());
+    writer.release().await.unwrap();
+    assert_eq!(redis(&server, &["EXISTS", "lock:{prices}:rw"]), ":0\r\n");
+}
+
+#[tokio::test]
+async fn the_exclusive_lock_of_the_same_name_is_another_lock() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let rw = RwLock::new("report").client(client.clone());
+    let writer = rw.write().try_acquire().await.unwrap();
+    let plain = lock_runtime::Lock::new("report")
+        .client(client)
+        .try_acquire()
+        .await
+        .unwrap();
+    assert_eq!(plain.redis_key(), "lock:{report}");
+    plain.release().await.unwrap();
+    writer.release().await.unwrap();
+}
+
+/// Redisson issue 891 and "an unlock of an expired share is a loss": a read
+/// share that expired, released while a writer holds the lock, reports the
+/// loss and leaves the writer's key as it was.
+#[tokio::test]
+async fn an_expired_read_release_is_a_loss_and_never_touches_the_writer() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = RwLock::new("ledger").client(client.clone());
+    let reader = lock
+        .clone()
+        .ttl(Duration::from_millis(100))
+        .read()
+        .try_acquire()
+        .await
+        .unwrap();
+    let writer = lock
+        .clone()
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(5))
+        .write()
+        .acquire()
+        .await
+        .unwrap();
+    let pttl_before: i64 = value(&redis(&server, &["PTTL", "lock:{ledger}:rw"]))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let error = reader.release().await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LockError::Lost {
+                cause: LostCause::Expired,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{ledger}:rw"])).as_deref(),
+        Some(writer.token())
+    );
+    let pttl_after: i64 = value(&redis(&server, &["PTTL", "lock:{ledger}:rw"]))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pttl_after > 0 && pttl_after <= pttl_before, "{pttl_after}");
+    // The release created nothing.
+    assert_eq!(
+        redis(&server, &["EXISTS", "lock:{ledger}:rw:readers"]),
+        ":0\r\n"
+    );
+    writer.release().await.unwrap();
+}
+
+/// Redisson PR 7098: a dead instance's read share is not kept alive by
+/// another instance's renewal, so it cannot block writers forever.
+#[tokio::test]
+async fn another_readers_renewal_does_not_keep_a_dead_share_alive() {
+    let server = RedisServer::start();
+    let (alive, dead) = (client(&server), client(&server));
+    let lock = RwLock::new("catalog").ttl(Duration::from_millis(300));
+    let renewed = lock
+        .clone()
+        .renew()
+        .client(alive.clone())
+        .read()
+        .try_acquire()
+        .await
+        .unwrap();
+    let died = lock
+        .clone()
+        .client(dead)
+        .read()
+        .try_acquire()
+        .await
+        .unwrap();
+    let dead_token = died.token().to_owned();
+    let dead_expiry = score(&server, "lock:{catalog}:rw:readers", &dead_token).unwrap();
+    std::mem::forget(died); // the instance died: no release, no renewal
+    let renewals = alive.renewal_stats().renewals_sent;
+    wait_until_async(
+        "the live reader was renewed past the dead share's expiry",
+        Duration::from_secs(5),
+        || alive.renewal_stats().renewals_sent >= renewals + 3 && server_ms(&server) > dead_expiry,
+    )
+    .await;
+    // The dead share kept its expiry (renewals touch only their own share)
+    // and is gone once a script looks at the key.
+    let writer = lock
+        .clone()
+        .client(alive.clone())
+        .wait(Duration::from_secs(5))
+        .write();
+    let waiting = tokio::spawn(async move { writer.acquire().await });
+    wait_until_async("the writer queued", Duration::from_secs(5), || {
+        redis(&server, &["LLEN", "lock:{catalog}:rw:queue"]) == ":1\r\n"
+    })
+    .await;
+    let member = score(&server, "lock:{catalog}:rw:readers", &dead_token);
+    assert!(
+        member.is_none() || member == Some(dead_expiry),
+        "{member:?}"
+    );
+    assert!(renewed.is_held());
+    renewed.release().await.unwrap();
+    let writer = waiting.await.unwrap().unwrap();
+    writer.release().await.unwrap();
+}
+
+/// Redisson PR 7251: fully releasing a reentrant read hold stops its
+/// renewal.
+#[tokio::test]
+async fn releasing_a_reentrant_read_hold_stops_its_renewal() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = RwLock::new("inventory")
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone());
+    let inner_lock = lock.read();
+    let token = lock
+        .read()
+        .run(async {
+            let inner = inner_lock.acquire().await.unwrap();
+            assert!(inner.is_reentrant());
+            let token = inner.token().to_owned();
+            inner.release().await.unwrap();
+            // Still held and renewed by the outer hold.
+            assert_eq!(client.renewal_stats().active, 1);
+            token
+        })
+        .await
+        .unwrap();
+    assert_eq!(client.renewal_stats().active, 0);
+    assert!(score(&server, "lock:{inventory}:rw:readers", &token).is_none());
+    let sent = client.renewal_stats().renewals_sent;
+    // Three renewal periods later nothing was renewed or recreated.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(client.renewal_stats().renewals_sent, sent);
+    assert_eq!(
+        redis(&server, &["EXISTS", "lock:{inventory}:rw:readers"]),
+        ":0\r\n"
+    );
+}
+
+#[tokio::test]
+async fn reads_enter_reads_and_writes_at_once_and_a_write_inside_a_read_fails() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("doc")
+        .wait(Duration::from_secs(10))
+        .client(client(&server));
+    // Read inside write (downgrade), and two concurrent reads inside it.
+    let (read, write) = (lock.read(), lock.write());
+    let inside = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    let barrier = tokio::sync::Barrier::new(2);
+    lock.write()
+        .run(async {
+            let enter = || async {
+                read.run(async {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    barrier.wait().await; // both reads inside at once
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+                .unwrap()
+            };
+            tokio::time::timeout(Duration::from_secs(5), async {
+                tokio::join!(enter(), enter())
+            })
+            .await
+            .expect("two read entries inside a write share it");
+            // A write inside the write enters too.
+            write.run(async {}).await.unwrap();
+        })
+        .await
+        .unwrap();
+    assert_eq!(most.load(Ordering::SeqCst), 2);
+
+    // Write inside read: an error at once, not a wait of 10 s.
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        lock.read().run(async { write.acquire().await.map(drop) }),
+    )
+    .await
+    .expect("a write inside a read fails at once");
+    let error = result.unwrap().unwrap_err();
+    assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+    assert!(error.to_string().contains("reading"), "{error}");
+    assert!(!error.to_string().contains("  "), "{error}");
+    // Read inside read enters at once.
+    lock.read()
+        .run(async {
+            let inner = read.try_acquire().await.unwrap();
+            assert!(inner.is_reentrant());
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_write_release_wakes_every_queued_reader_at_once() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = RwLock::new("feed")
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .client(client);
+    let writer = lock.write().try_acquire().await.unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(3));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (read, inside, barrier) = (lock.read(), inside.clone(), barrier.clone());
+            tokio::spawn(async move {
+                read.run(async {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    // All three are inside together.
+                    barrier.wait().await;
+                })
+                .await
+            })
+        })
+        .collect();
+    wait_until_async("three readers queued", Duration::from_secs(5), || {
+        redis(&server, &["LLEN", "lock:{feed}:rw:queue"]) == ":3\r\n"
+    })
+    .await;
+    assert_eq!(inside.load(Ordering::SeqCst), 0);
+    // The writer's ttl is 30 s: only the release's message lets them in.
+    writer.release().await.unwrap();
+    for reader in readers {
+        tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("woken by the release")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn writers_get_increasing_fencing_tokens_and_readers_none_smaller() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("store").fencing().client(client(&server));
+    let mut last = 0;
+    for _ in 0..3 {
+        let writer = lock.write().try_acquire().await.unwrap();
+        let fence = writer.fencing_token().unwrap();
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        writer.release().await.unwrap();
+        let reader = lock.read().try_acquire().await.unwrap();
+        let fence = reader.fencing_token().unwrap();
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        reader.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_renewed_read_share_outlives_its_ttl_and_its_loss_stops_the_body() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("cache")
+        .ttl(Duration::from_millis(200))
+        .renew()
+        .client(client(&server));
+    let guard = lock.read().try_acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_held());
+    assert!(score(&server, "lock:{cache}:rw:readers", guard.token()).is_some());
+    guard.release().await.unwrap();
+
+    // A share removed behind its holder's back: the renewal finds it gone
+    // and the body is stopped.
+    let result = lock
+        .read()
+        .run(async {
+            let token = lock_runtime::current().unwrap().token().to_owned();
+            redis(&server, &["ZREM", "lock:{cache}:rw:readers", &token]);
+            std::future::pending::<()>().await;
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(LockError::Lost {
+                cause: LostCause::Expired,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn hold_at_least_keeps_a_write_and_is_refused_for_a_read() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("nightly")
+        .hold_at_least(Duration::from_secs(5))
+        .client(client(&server));
+    let writer = lock.write().try_acquire().await.unwrap();
+    writer.release().await.unwrap();
+    let kept = value(&redis(&server, &["GET", "lock:{nightly}:rw"])).unwrap();
+    assert!(kept.starts_with("kept:"), "{kept}");
+    assert!(lock.write().try_acquire().await.is_err());
+    let error = lock.read().try_acquire().await.unwrap_err();
+    assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+}

@@ -1,0 +1,182 @@
+//! The semaphore on a real Redis: capacity, many permits at once, stray and
+//! expired releases, capacity mismatch, waking, renewal.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+use lock_runtime::{Client, Config, LockError, LostCause, Semaphore};
+
+fn client(server: &RedisServer) -> Client {
+    Client::new(Config::new(server.url())).unwrap()
+}
+
+const KEY: &str = "lock:{exports}:sem";
+
+fn holders(server: &RedisServer) -> usize {
+    let reply = redis(server, &["ZRANGE", KEY, "0", "-1"]);
+    reply
+        .split("\r\n")
+        .filter(|line| !line.starts_with('*') && !line.starts_with('$') && !line.is_empty())
+        .filter(|member| !member.starts_with("#capacity:"))
+        .count()
+}
+
+#[tokio::test]
+async fn at_most_n_permits_and_the_capacity_is_stored() {
+    let server = RedisServer::start();
+    let semaphore = Semaphore::new("exports", 2)
+        .ttl(Duration::from_secs(10))
+        .client(client(&server));
+    let first = semaphore.try_acquire().await.unwrap();
+    let second = semaphore.try_acquire().await.unwrap();
+    assert_eq!(first.redis_key(), KEY);
+    let busy = semaphore.try_acquire().await.unwrap_err();
+    assert!(matches!(busy, LockError::Busy { .. }), "{busy:?}");
+    assert_eq!(holders(&server), 2);
+    assert_eq!(
+        value(&redis(&server, &["ZSCORE", KEY, "#capacity:2"])).as_deref(),
+        Some("inf")
+    );
+    first.release().await.unwrap();
+    let third = semaphore.try_acquire().await.unwrap();
+    second.release().await.unwrap();
+    third.release().await.unwrap();
+    // Nobody holds: no key left behind.
+    assert_eq!(redis(&server, &["EXISTS", KEY]), ":0\r\n");
+}
+
+#[tokio::test]
+async fn several_permits_are_taken_together_or_not_at_all() {
+    let server = RedisServer::start();
+    let semaphore = Semaphore::new("exports", 3).client(client(&server));
+    let one = semaphore.try_acquire().await.unwrap();
+    let two = semaphore.try_acquire_many(2).await.unwrap();
+    assert!(semaphore.try_acquire().await.is_err());
+    one.release().await.unwrap();
+    // One free, two asked: none taken.
+    assert!(semaphore.try_acquire_many(2).await.is_err());
+    assert_eq!(holders(&server), 1);
+    two.release().await.unwrap();
+    let error = semaphore.try_acquire_many(4).await.unwrap_err();
+    assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+    let error = Semaphore::new("exports", 0)
+        .client(client(&server))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn opening_a_held_semaphore_with_another_capacity_is_an_error() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let two = Semaphore::new("exports", 2).client(client.clone());
+    let held = two.try_acquire().await.unwrap();
+    let error = Semaphore::new("exports", 5)
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+    assert!(error.to_string().contains("held with 2 permits"), "{error}");
+    assert_eq!(holders(&server), 1);
+    held.release().await.unwrap();
+    // Once nobody holds, it may be reopened with another capacity.
+    let five = Semaphore::new("exports", 5).client(client);
+    let guards = [
+        five.try_acquire_many(3).await.unwrap(),
+        five.try_acquire_many(2).await.unwrap(),
+    ];
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_expired_permits_release_is_a_loss_and_creates_nothing() {
+    let server = RedisServer::start();
+    let semaphore = Semaphore::new("exports", 2)
+        .ttl(Duration::from_millis(100))
+        .client(client(&server));
+    let guard = semaphore.try_acquire().await.unwrap();
+    wait_until_async("the permit expired", Duration::from_secs(5), || {
+        redis(&server, &["EXISTS", KEY]) == ":0\r\n"
+    })
+    .await;
+    let error = guard.release().await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LockError::Lost {
+                cause: LostCause::Expired,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(redis(&server, &["EXISTS", KEY]), ":0\r\n");
+}
+
+#[tokio::test]
+async fn a_release_wakes_a_waiter_and_a_dead_holders_permit_comes_back() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let semaphore = Semaphore::new("exports", 1)
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .client(client.clone());
+    let holder = semaphore.try_acquire().await.unwrap();
+    let waiter = {
+        let semaphore = semaphore.clone();
+        tokio::spawn(async move { semaphore.acquire().await })
+    };
+    wait_until_async("the waiter queued", Duration::from_secs(5), || {
+        redis(&server, &["LLEN", "lock:{exports}:sem:queue"]) == ":1\r\n"
+    })
+    .await;
+    // The holder's ttl is 30 s: only the release's message wakes the
+    // waiter in time.
+    holder.release().await.unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    woken.release().await.unwrap();
+    // A holder that dies (never releases) gives its permit back within its
+    // ttl, with no cleanup job.
+    let short = Semaphore::new("exports", 1)
+        .ttl(Duration::from_millis(300))
+        .wait(Duration::from_secs(5))
+        .client(client);
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let dying = short.try_acquire().await.unwrap();
+        std::mem::forget(dying);
+        short.acquire().await.unwrap().release().await.unwrap();
+    })
+    .await
+    .expect("the dead holder's permit came back within its ttl");
+}
+
+#[tokio::test]
+async fn a_renewed_permit_outlives_its_ttl() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let semaphore = Semaphore::new("exports", 1)
+        .ttl(Duration::from_millis(200))
+        .renew()
+        .client(client.clone());
+    let output = semaphore
+        .run(async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            lock_runtime::current().unwrap().is_held()
+        })
+        .await
+        .unwrap();
+    assert!(output);
+    assert!(client.renewal_stats().renewals_sent >= 2);
+    assert_eq!(client.renewal_stats().lost, 0);
+    assert_eq!(redis(&server, &["EXISTS", KEY]), ":0\r\n");
+}
