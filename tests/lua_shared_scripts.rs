@@ -198,6 +198,16 @@ impl<'a> Sem<'a> {
         eval(con, SEM_RELEASE, &SEM, &[self.token, &self.k.to_string()])
     }
 
+    /// A release of a semaphore whose holders are not fair.
+    fn release_unfair(&self, con: &mut Connection) -> i64 {
+        eval(
+            con,
+            SEM_RELEASE,
+            &SEM,
+            &[self.token, &self.k.to_string(), "0"],
+        )
+    }
+
     fn leave(&self, con: &mut Connection) -> i64 {
         eval(con, SEM_LEAVE, &SEM, &[&self.entry(), &self.n.to_string()])
     }
@@ -696,6 +706,23 @@ fn semaphore_release_wakes_the_head_that_fits() {
     // the last waiter leaving empties the queue
     assert_eq!(Sem::new("h", 1, 2).on("x").leave(con), 1);
     assert_eq!(query::<i64>(con, &["EXISTS", SEM[1], SEM[2]]), 0);
+}
+
+#[test]
+fn an_unfair_semaphore_release_wakes_those_that_fit_behind_a_big_head() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let mut listener = Listener::new(&server, &["x", "y"]);
+    let a = Sem::new("a", 1, 3);
+    assert_eq!(a.acquire(con), [1, 0]);
+    assert_eq!(Sem::new("b", 1, 3).acquire(con), [1, 0]);
+    let big = Sem::new("c", 3, 3).on("x");
+    let small = Sem::new("d", 2, 3).on("y");
+    assert_eq!(big.acquire(con)[0], 0);
+    assert_eq!(small.acquire(con)[0], 0);
+    assert_eq!(a.release_unfair(con), 1);
+    // two free: the head needs three and is passed over; d fits
+    assert_eq!(listener.messages(), [("y".to_owned(), "d".to_owned())]);
 }
 
 #[test]

@@ -277,6 +277,21 @@ async fn reads_enter_reads_and_writes_at_once_and_a_write_inside_a_read_fails() 
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
     assert!(error.to_string().contains("reading"), "{error}");
     assert!(!error.to_string().contains("  "), "{error}");
+    // A write inside a read entry of a write hold: it would run beside that
+    // entry's sibling reads, so it is refused too.
+    let result = lock
+        .write()
+        .run(async {
+            read.run(async { write.try_acquire().await.map(drop) })
+                .await
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(result, Err(LockError::Config { .. })),
+        "{result:?}"
+    );
     // Read inside read enters at once.
     lock.read()
         .run(async {

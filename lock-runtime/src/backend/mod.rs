@@ -36,8 +36,13 @@ pub(crate) enum Kind {
     /// The write side of a read/write lock: one writer, no reader.
     Write,
     /// `permits` of a semaphore's `capacity`: at most `capacity` permits
-    /// held at once.
-    Semaphore { capacity: u32, permits: u32 },
+    /// held at once. `fair`: its releases wake waiters in queue order only
+    /// (else every waiter that fits).
+    Semaphore {
+        capacity: u32,
+        permits: u32,
+        fair: bool,
+    },
 }
 
 impl Kind {

@@ -73,7 +73,16 @@ impl Lock {
 
     /// This lock as another kind (the read/write and semaphore fronts).
     pub(crate) fn with_kind(mut self, kind: Kind) -> Self {
-        self.kind = kind;
+        self.kind = match kind {
+            Kind::Semaphore {
+                capacity, permits, ..
+            } => Kind::Semaphore {
+                capacity,
+                permits,
+                fair: self.fair,
+            },
+            kind => kind,
+        };
         self
     }
 
@@ -128,6 +137,9 @@ impl Lock {
     /// or for none.
     pub fn fair(mut self) -> Self {
         self.fair = true;
+        if let Kind::Semaphore { fair, .. } = &mut self.kind {
+            *fair = true;
+        }
         self
     }
 
@@ -314,7 +326,9 @@ impl Lock {
                     write lock (a kept read share would hold writers off): remove it"
                 )))
             }
-            Kind::Semaphore { capacity, permits } => {
+            Kind::Semaphore {
+                capacity, permits, ..
+            } => {
                 if self.fencing || self.hold_at_least.is_some() {
                     return Err(LockError::config(format!(
                         "semaphore `{name}` sets fencing or hold_at_least, which only apply to \

@@ -52,6 +52,7 @@ impl Semaphore {
             lock: Lock::new(name).with_kind(Kind::Semaphore {
                 capacity: permits,
                 permits: 1,
+                fair: false,
             }),
             capacity: permits,
         }
@@ -63,6 +64,7 @@ impl Semaphore {
         self.lock.clone().with_kind(Kind::Semaphore {
             capacity: self.capacity,
             permits,
+            fair: false,
         })
     }
 

@@ -173,9 +173,11 @@ impl Acquisition<'_> {
     ) -> Result<LockGuard, LockError> {
         let hold = scope.hold();
         let settings = &self.settings;
-        if settings.kind == Kind::Write && hold.kind == Kind::Read {
+        if settings.kind == Kind::Write && scope.reads() {
             // Waiting for the other readers to leave would wait for this
-            // task's own share too: a deadlock (Redisson's upgrade).
+            // task's own share too: a deadlock (Redisson's upgrade). Under a
+            // read entry of a write hold, it would run beside that entry's
+            // sibling reads.
             return Err(LockError::config(format!(
                 "lock `{}` is held for reading up this task's call chain, so it cannot be \
                 taken for writing here (the write would wait for this task's own read share \

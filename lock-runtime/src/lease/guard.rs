@@ -1,6 +1,7 @@
 //! A held lock: its release, its renewal registration, and running a body
 //! under it.
 
+use crate::backend::Kind;
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::Next;
 use crate::lease::hold::Hold;
@@ -87,6 +88,15 @@ impl LockGuard {
         &self.lock.hold
     }
 
+    /// Whether this guard holds a read share or a read entry of a write.
+    fn reads(&self) -> bool {
+        self.hold().kind == Kind::Read
+            || self
+                .reentrant
+                .as_ref()
+                .is_some_and(|(_, entered)| entered.is_shared())
+    }
+
     /// Runs `body` under this lock, without releasing it afterwards.
     ///
     /// Inside, [`current()`](crate::current) returns this lock. For a renewed
@@ -97,7 +107,7 @@ impl LockGuard {
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let hold = Arc::clone(self.hold());
         let stop_on_loss = hold.stop_on_loss;
-        watch(hold, stop_on_loss, self.is_reentrant(), body)
+        watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body)
             .await
             .map_err(|cause| LockError::Lost {
                 key: self.hold().name().to_owned(),
@@ -112,6 +122,7 @@ impl LockGuard {
             Arc::clone(self.hold()),
             true,
             false,
+            self.reads(),
             std::future::pending::<std::convert::Infallible>(),
         )
         .await

@@ -37,6 +37,9 @@ pub(crate) struct Scope {
     entry: Semaphore,
     /// How many entries from manual guards ([`Entry::Guard`]) hold permits.
     guards: AtomicU32,
+    /// The body reads: it runs under a read share, or under a read entry of
+    /// a write hold (a write inside it would run beside its sibling reads).
+    reads: bool,
 }
 
 /// A scope's entry permits, all of which an exclusive entry takes.
@@ -53,6 +56,11 @@ pub(crate) struct Entered {
 impl Entered {
     pub(crate) fn new(entry: Entry, shared: bool) -> Entered {
         Entered { entry, shared }
+    }
+
+    /// A read entry.
+    pub(crate) fn is_shared(self) -> bool {
+        self.shared
     }
 
     fn permits(self) -> u32 {
@@ -79,6 +87,11 @@ pub(crate) enum Entry {
 impl Scope {
     pub(crate) fn hold(&self) -> &Arc<Hold> {
         &self.hold
+    }
+
+    /// Whether the body of this scope reads (see the field).
+    pub(crate) fn reads(&self) -> bool {
+        self.reads
     }
 
     /// Takes this scope's entry permits at once, if they are free.
@@ -317,11 +330,13 @@ pin_project! {
 }
 
 /// Runs `body` as a new scope of `hold`. `reentrant`: the hold is shared
-/// with an outer scope, whose end stops the body.
+/// with an outer scope, whose end stops the body. `reads`: the body runs
+/// under a read share or a read entry.
 pub(crate) fn watch<F: Future>(
     hold: Arc<Hold>,
     stop_on_loss: bool,
     reentrant: bool,
+    reads: bool,
     body: F,
 ) -> Watched<F> {
     let scope = Arc::new(Scope {
@@ -330,6 +345,7 @@ pub(crate) fn watch<F: Future>(
         task: AtomicU64::new(this_task()),
         entry: Semaphore::const_new(ENTRY_PERMITS as usize),
         guards: AtomicU32::new(0),
+        reads,
     });
     Watched {
         body: CURRENT.scope(Arc::clone(&scope), body),

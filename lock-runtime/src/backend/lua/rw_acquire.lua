@@ -19,8 +19,9 @@
 --        caller holds with this token, that attempt took it: say so).
 -- Returns {1, fencing_token or 0} when acquired;
 --         {1, fencing_token or 0, remaining_ms} when `mine` found the share
---         already held with this token (for a reader, the fencing token is
---         the current counter: no writer can have taken one since);
+--         already held with this token (a writer's token is the counter,
+--         which nobody can have moved since; a reader gets a new token, as
+--         the one its lost answer carried is unknown);
 --         {0, hint_ms} when not acquired: the ms until what blocks the
 --         caller may end (the writer's PTTL; for a writer blocked by
 --         readers, the latest live share's expiry - now), or -2 when blocked
@@ -63,7 +64,7 @@ if ARGV[9] == '1' then
   else
     local expiry = tonumber(redis.call('ZSCORE', KEYS[2], token))
     if expiry and expiry > now_ms() then
-      return {1, fence_held(), expiry - now_ms()}
+      return {1, fence_now(), expiry - now_ms()}
     end
   end
 end

@@ -1,8 +1,9 @@
 -- Helpers of the semaphore scripts (after shares.lua): permits(value), the k
 -- of a member or entry; capacity(), the stored capacity, deleting the key
--- when nobody holds; wake(n), which drops dead waiters and tells the waiters
--- from the head whose permits fit in capacity n, in order, up to the first
--- that does not.
+-- when nobody holds; wake(n, fair), which drops dead waiters and tells the
+-- waiters whose permits fit in capacity n: from the head, in order, up to
+-- the first that does not (fair), or every one that fits, passing over
+-- those that do not (not fair: they may take permits ahead of the queue).
 
 -- the k of a member `<k>|<token>` or an entry `<k>|<channel>|<token>`
 local function permits(value)
@@ -22,9 +23,10 @@ local function capacity()
   return stored
 end
 
--- drops dead waiters, then tells the waiters from the head of the queue
--- whose permits fit in capacity n, in order, up to the first that does not
-local function wake(n)
+-- drops dead waiters, then tells the waiters whose permits fit in capacity
+-- n: from the head, up to the first that does not fit (fair), or all that
+-- fit (not fair)
+local function wake(n, fair)
   local live = {}
   for _, queued in ipairs(redis.call('LRANGE', KEYS[2], '0', '-1')) do
     local deadline = tonumber(redis.call('ZSCORE', KEYS[3], queued))
@@ -43,9 +45,13 @@ local function wake(n)
   end
   local woken = {}
   for _, queued in ipairs(live) do
-    used = used + permits(queued)
-    if used > n then break end
-    woken[#woken + 1] = queued
+    local k = permits(queued)
+    if used + k <= n then
+      used = used + k
+      woken[#woken + 1] = queued
+    elseif fair then
+      break
+    end
   end
   publish(woken)
   capacity()

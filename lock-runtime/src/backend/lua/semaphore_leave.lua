@@ -5,7 +5,7 @@
 --
 -- KEYS = permits, queue, deadlines (as for semaphore_acquire).
 -- ARGV = entry (`<k>|<channel>|<token>`), capacity N (used when no capacity
---        is stored: nobody holds).
+--        is stored: nobody holds), fair (as for semaphore_release).
 -- Returns 1.
 --
 -- Wake, as after semaphore_release: dead waiters are dropped; the waiters
@@ -16,5 +16,5 @@
 
 redis.call('LREM', KEYS[2], '0', ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
-wake(capacity() or tonumber(ARGV[2]))
+wake(capacity() or tonumber(ARGV[2]), ARGV[3] ~= '0')
 return 1

@@ -2,15 +2,17 @@
 -- wakes the queued waiters whose permits now fit.
 --
 -- KEYS = permits, queue, deadlines (as for semaphore_acquire).
--- ARGV = token, k (the permits it took: the member is `<k>|<token>`).
+-- ARGV = token, k (the permits it took: the member is `<k>|<token>`),
+--        fair (`0`: wake every waiter that fits, passing over those that do
+--        not; anything else: stop at the first that does not fit).
 -- Returns 1 released (then wakes), 0 the holder was expired (its member is
 --         removed) or unknown (nothing is created: no key, no capacity
 --         member).
 --
 -- Wake: waiters that stopped refreshing are dropped; then the queue is
 -- walked from the head, adding up the k of its entries while used + those
--- fit in the stored capacity, and stops at the first entry that does not
--- fit; the waiters that fit are told with ONE PUBLISH per channel whose
+-- fit in the stored capacity, and (fair) stops at the first entry that does
+-- not fit, or (not fair) passes over it; the waiters that fit are told with ONE PUBLISH per channel whose
 -- message is the space-separated tokens of its waiters. When nobody holds
 -- any more, the key goes (capacity member included): the semaphore can be
 -- reopened with another capacity.
@@ -23,5 +25,5 @@ if not expiry then return 0 end
 redis.call('ZREM', KEYS[1], member)
 local n = capacity()
 if expiry <= now_ms() then return 0 end
-wake(n)
+wake(n, ARGV[3] ~= '0')
 return 1

@@ -46,7 +46,12 @@ impl SingleNode {
                  (it can change once nobody holds it)",
                 at(1)
             ))),
-            (-4, Kind::Semaphore { capacity, permits }) => Err(LockError::config(format!(
+            (
+                -4,
+                Kind::Semaphore {
+                    capacity, permits, ..
+                },
+            ) => Err(LockError::config(format!(
                 "semaphore `{name}` has {capacity} permits; {permits} can never be taken at once"
             ))),
             _ => Ok(Acquire::Busy {
@@ -64,7 +69,10 @@ impl SingleNode {
         let keys = request.keys;
         let bytes = 5 * keys.lock.len() + 48 + 2 * request.token.len() + request.member.len();
         let scripts = self.connection.scripts();
-        if let Kind::Semaphore { capacity, permits } = request.kind {
+        if let Kind::Semaphore {
+            capacity, permits, ..
+        } = request.kind
+        {
             let mut cmd = evalsha(&SEMAPHORE_ACQUIRE, 3, 12, bytes);
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
@@ -110,13 +118,14 @@ impl SingleNode {
     ) -> redis::RedisResult<Found> {
         let scripts = self.connection.scripts();
         let bytes = 5 * keys.lock.len() + 48 + token.len();
-        let code: i64 = if let Kind::Semaphore { permits, .. } = kind {
-            let mut cmd = evalsha(&SEMAPHORE_RELEASE, 3, 5, bytes);
+        let code: i64 = if let Kind::Semaphore { permits, fair, .. } = kind {
+            let mut cmd = evalsha(&SEMAPHORE_RELEASE, 3, 6, bytes);
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
                 .arg(keys.waiters())
                 .arg(token)
-                .arg(permits);
+                .arg(permits)
+                .arg(u8::from(fair));
             run(&SEMAPHORE_RELEASE, &cmd, connection, scripts).await?
         } else {
             let mut cmd = evalsha(&RW_RELEASE, 5, 8, bytes);
@@ -141,13 +150,14 @@ impl SingleNode {
         member: &str,
     ) -> Result<(), LockError> {
         let bytes = 5 * keys.lock.len() + 48 + member.len();
-        let cmd = if let Kind::Semaphore { capacity, .. } = kind {
-            let mut cmd = evalsha(&SEMAPHORE_LEAVE, 3, 5, bytes);
+        let cmd = if let Kind::Semaphore { capacity, fair, .. } = kind {
+            let mut cmd = evalsha(&SEMAPHORE_LEAVE, 3, 6, bytes);
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
                 .arg(keys.waiters())
                 .arg(member)
-                .arg(capacity);
+                .arg(capacity)
+                .arg(u8::from(fair));
             cmd
         } else {
             let mut cmd = evalsha(&RW_LEAVE, 5, 6, bytes);
