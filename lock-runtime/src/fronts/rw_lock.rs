@@ -3,9 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::Kind;
-use crate::client::Client;
 use crate::fronts::lock::Lock;
-use crate::lease::guard::OnLost;
 
 /// A distributed read/write lock, described: many readers at once, or one
 /// writer. Build it like a [`Lock`], then take a side with
@@ -44,6 +42,8 @@ pub struct RwLock {
 }
 
 impl RwLock {
+    super::lock_options!();
+
     /// A read/write lock called `name`, with the default ttl, no waiting and
     /// the process-wide client.
     pub fn new(name: impl Into<String>) -> Self {
@@ -68,32 +68,6 @@ impl RwLock {
         self.lock.name()
     }
 
-    /// See [`Lock::ttl`]: each holder's share expires after this long
-    /// unless released or renewed.
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.map(|lock| lock.ttl(ttl))
-    }
-
-    /// See [`Lock::wait`].
-    pub fn wait(self, wait: Duration) -> Self {
-        self.map(|lock| lock.wait(wait))
-    }
-
-    /// See [`Lock::renew`]: each share is renewed on its own.
-    pub fn renew(self) -> Self {
-        self.map(Lock::renew)
-    }
-
-    /// See [`Lock::max_hold`].
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.map(|lock| lock.max_hold(max_hold))
-    }
-
-    /// See [`Lock::on_lost`].
-    pub fn on_lost(self, on_lost: OnLost) -> Self {
-        self.map(|lock| lock.on_lost(on_lost))
-    }
-
     /// Writers take a free lock only in their order of arrival (a newcomer
     /// does not overtake a queued writer). Readers always queue behind a
     /// waiting writer, fair or not.
@@ -111,11 +85,6 @@ impl RwLock {
     /// taken with it fails with a configuration error).
     pub fn hold_at_least(self, hold_at_least: Duration) -> Self {
         self.map(|lock| lock.hold_at_least(hold_at_least))
-    }
-
-    /// Use this client instead of the process-wide one.
-    pub fn client(self, client: Client) -> Self {
-        self.map(|lock| lock.client(client))
     }
 
     fn map(self, set: impl FnOnce(Lock) -> Lock) -> Self {

@@ -1,13 +1,11 @@
 //! The semaphore builder: at most N permits held at once.
 
 use std::future::Future;
-use std::time::Duration;
 
 use crate::backend::Kind;
-use crate::client::Client;
 use crate::error::LockError;
 use crate::fronts::lock::Lock;
-use crate::lease::guard::{LockGuard, OnLost};
+use crate::lease::guard::LockGuard;
 
 /// A distributed semaphore, described: at most `permits` held at once,
 /// across every process. Each acquisition takes one permit
@@ -45,6 +43,8 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
+    super::lock_options!();
+
     /// A semaphore called `name` with `permits` permits (at least 1), with
     /// the default ttl, no waiting and the process-wide client.
     pub fn new(name: impl Into<String>, permits: u32) -> Self {
@@ -105,41 +105,10 @@ impl Semaphore {
         self.capacity
     }
 
-    /// See [`Lock::ttl`]: each permit expires after this long unless given
-    /// back or renewed.
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.map(|lock| lock.ttl(ttl))
-    }
-
-    /// See [`Lock::wait`].
-    pub fn wait(self, wait: Duration) -> Self {
-        self.map(|lock| lock.wait(wait))
-    }
-
-    /// See [`Lock::renew`]: each permit is renewed on its own.
-    pub fn renew(self) -> Self {
-        self.map(Lock::renew)
-    }
-
-    /// See [`Lock::max_hold`].
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.map(|lock| lock.max_hold(max_hold))
-    }
-
-    /// See [`Lock::on_lost`].
-    pub fn on_lost(self, on_lost: OnLost) -> Self {
-        self.map(|lock| lock.on_lost(on_lost))
-    }
-
     /// Waiters get permits strictly in their order of arrival: nobody takes
     /// a permit that a waiter ahead of it is waiting for.
     pub fn fair(self) -> Self {
         self.map(Lock::fair)
-    }
-
-    /// Use this client instead of the process-wide one.
-    pub fn client(self, client: Client) -> Self {
-        self.map(|lock| lock.client(client))
     }
 
     fn map(self, set: impl FnOnce(Lock) -> Lock) -> Self {
