@@ -85,19 +85,7 @@ end
 
 -- the live queue, in order, without the waiters whose deadline passed
 -- (except the caller's own entry: it is refreshing its place right now)
-local queue = redis.call('LRANGE', KEYS[3], '0', '-1')
-local live = {}
-local position = false
-for _, queued in ipairs(queue) do
-  local deadline = tonumber(redis.call('ZSCORE', KEYS[4], queued))
-  if queued == entry or (deadline and deadline > now_ms()) then
-    live[#live + 1] = queued
-    if queued == entry and not position then position = #live end
-  else
-    redis.call('LREM', KEYS[3], '0', queued)
-    redis.call('ZREM', KEYS[4], queued)
-  end
-end
+local live, position = live_queue(KEYS[3], KEYS[4], entry)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
 
 local writer = redis.call('EXISTS', KEYS[1]) == 1

@@ -4,16 +4,7 @@
 -- first `w` entry.
 
 local function wake()
-  local live = {}
-  for _, queued in ipairs(redis.call('LRANGE', KEYS[3], '0', '-1')) do
-    local deadline = tonumber(redis.call('ZSCORE', KEYS[4], queued))
-    if deadline and deadline > now_ms() then
-      live[#live + 1] = queued
-    else
-      redis.call('LREM', KEYS[3], '0', queued)
-      redis.call('ZREM', KEYS[4], queued)
-    end
-  end
+  local live = live_queue(KEYS[3], KEYS[4], false)
   if #live == 0 or redis.call('EXISTS', KEYS[1]) == 1 then return end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
   if string.sub(live[1], 1, 2) == 'w|' then

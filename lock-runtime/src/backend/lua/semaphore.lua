@@ -27,16 +27,7 @@ end
 -- n: from the head, up to the first that does not fit (fair), or all that
 -- fit (not fair)
 local function wake(n, fair)
-  local live = {}
-  for _, queued in ipairs(redis.call('LRANGE', KEYS[2], '0', '-1')) do
-    local deadline = tonumber(redis.call('ZSCORE', KEYS[3], queued))
-    if deadline and deadline > now_ms() then
-      live[#live + 1] = queued
-    else
-      redis.call('LREM', KEYS[2], '0', queued)
-      redis.call('ZREM', KEYS[3], queued)
-    end
-  end
+  local live = live_queue(KEYS[2], KEYS[3], false)
   if #live == 0 or not n then return end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
   local used = 0

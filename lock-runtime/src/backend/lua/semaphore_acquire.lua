@@ -67,18 +67,7 @@ end
 if capacity and capacity ~= n then return {-3, capacity} end
 if k > n then return {-4, n} end
 
-local live = {}
-local position = false
-for _, queued in ipairs(redis.call('LRANGE', KEYS[2], '0', '-1')) do
-  local deadline = tonumber(redis.call('ZSCORE', KEYS[3], queued))
-  if queued == entry or (deadline and deadline > now_ms()) then
-    live[#live + 1] = queued
-    if queued == entry and not position then position = #live end
-  else
-    redis.call('LREM', KEYS[2], '0', queued)
-    redis.call('ZREM', KEYS[3], queued)
-  end
-end
+local live, position = live_queue(KEYS[2], KEYS[3], entry)
 
 local hint = -2
 local may = used + k <= n

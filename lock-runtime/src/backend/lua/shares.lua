@@ -1,7 +1,7 @@
 -- Helpers of the shared-holder kinds (read/write locks, semaphores), put in
 -- front of their scripts: now_ms() (the server clock in ms, read once per
--- script), expire_at_least(key, ms), and publish(entries), which tells the
--- waiters of queue entries `<anything>|<channel>|<token>` with ONE PUBLISH
+-- script), expire_at_least(key, ms), live_queue(queue, deadlines, own), and
+-- publish(entries), which tells the waiters of queue entries `<anything>|<channel>|<token>` with ONE PUBLISH
 -- per channel whose message is the space-separated tokens.
 
 local now_us = false
@@ -19,6 +19,24 @@ local function expire_at_least(key, ms)
   if left == -1 or (left >= 0 and left < ms) then
     redis.call('PEXPIRE', key, ms)
   end
+end
+
+-- the queue's live entries in order, and `own`'s position among them (false
+-- when absent): entries whose waiter stopped refreshing its deadline are
+-- dropped from both keys, never `own` (it is refreshing right now)
+local function live_queue(queue, deadlines, own)
+  local live, position = {}, false
+  for _, queued in ipairs(redis.call('LRANGE', queue, '0', '-1')) do
+    local deadline = tonumber(redis.call('ZSCORE', deadlines, queued))
+    if queued == own or (deadline and deadline > now_ms()) then
+      live[#live + 1] = queued
+      if queued == own and not position then position = #live end
+    else
+      redis.call('LREM', queue, '0', queued)
+      redis.call('ZREM', deadlines, queued)
+    end
+  end
+  return live, position
 end
 
 -- `<mode or k>|<channel>|<token>` -> channel, token (false for a malformed entry)
