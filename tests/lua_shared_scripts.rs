@@ -16,9 +16,9 @@ macro_rules! script {
     };
 }
 
-const RW_ACQUIRE: &str = script!("shares.lua", "rw_acquire.lua");
-const RW_RELEASE: &str = script!("shares.lua", "rw_wake.lua", "rw_release.lua");
-const RW_LEAVE: &str = script!("shares.lua", "rw_wake.lua", "rw_leave.lua");
+const RW_ACQUIRE: &str = script!("shares.lua", "rw_state.lua", "rw_acquire.lua");
+const RW_RELEASE: &str = script!("shares.lua", "rw_state.lua", "rw_release.lua");
+const RW_LEAVE: &str = script!("shares.lua", "rw_state.lua", "rw_leave.lua");
 const SEM_ACQUIRE: &str = script!("shares.lua", "semaphore.lua", "semaphore_acquire.lua");
 const SEM_RELEASE: &str = script!("shares.lua", "semaphore.lua", "semaphore_release.lua");
 const SEM_LEAVE: &str = script!("shares.lua", "semaphore.lua", "semaphore_leave.lua");
@@ -351,6 +351,140 @@ fn queued_writer_stops_new_readers() {
     );
 }
 
+/// The uncontended read acquire of the client: `SET <writer key>
+/// r:<token> NX PX ttl`, no script (a lone reader).
+fn lone_read(con: &mut Connection, token: &str) -> bool {
+    let value = format!("r:{token}");
+    query::<Option<String>>(con, &["SET", RW[0], &value, "NX", "PX", "30000"]).is_some()
+}
+
+#[test]
+fn a_lone_reader_is_a_share_like_the_others() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let mut listener = Listener::new(&server, &["cw"]);
+    assert!(lone_read(con, "r0"));
+    // other readers share the lock (in the ZSET), a writer waits for both
+    assert_eq!(Rw::read("r1").acquire(con), [1, 0]);
+    let w1 = Rw::write("w1").on("cw");
+    let blocked = w1.acquire(con);
+    assert_eq!(blocked[0], 0);
+    assert!(blocked[1] > 25_000, "the lone reader's PTTL: {blocked:?}");
+    // mine finds the lone reader's share; a writer token never matches it
+    let mine = Rw {
+        mine: true,
+        ..Rw::read("r0")
+    };
+    assert_eq!(mine.acquire(con)[0], 1);
+    assert_eq!(
+        Rw {
+            mine: true,
+            ..Rw::write("r0")
+        }
+        .release(con),
+        -1
+    );
+    assert_eq!(Rw::read("r1").release(con), 1);
+    assert!(listener.messages().is_empty(), "the lone reader is live");
+    // its release frees the writer key for the gate and wakes the writer
+    assert_eq!(Rw::read("r0").release(con), 1);
+    assert_eq!(listener.messages(), [("cw".to_owned(), "w1".to_owned())]);
+    assert_eq!(
+        query::<Option<String>>(con, &["GET", RW[0]]).as_deref(),
+        Some("q")
+    );
+    assert_eq!(Rw::read("r0").release(con), 0, "released twice: lost");
+    assert_eq!(w1.acquire(con), [1, 0]);
+    assert_eq!(w1.release(con), 1);
+    for key in RW {
+        assert!(!exists(con, key), "{key}");
+    }
+}
+
+#[test]
+fn a_queued_writer_closes_the_plain_reader_path() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    // a writer queued behind ZSET readers: the gate stops the plain SET
+    assert_eq!(Rw::read("r0").acquire(con), [1, 0]);
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    assert_eq!(
+        query::<Option<String>>(con, &["GET", RW[0]]).as_deref(),
+        Some("q")
+    );
+    let gate_ttl: i64 = query(con, &["PTTL", RW[0]]);
+    assert!(
+        gate_ttl > 0 && gate_ttl <= 20_000,
+        "the queue's ttl: {gate_ttl}"
+    );
+    assert!(!lone_read(con, "r1"), "a reader passed a queued writer");
+    assert_eq!(Rw::read("r1").acquire(con), [0, -2]);
+    // the writer gives up: the gate goes with it, and readers enter again
+    assert_eq!(w1.leave(con), 1);
+    assert!(!exists(con, RW[0]));
+    assert!(lone_read(con, "r1"));
+    // a writer queued behind the lone reader: its release leaves the gate
+    assert_eq!(w1.acquire(con)[0], 0);
+    assert_eq!(Rw::read("r1").release(con), 1);
+    assert!(!lone_read(con, "r2"), "a reader passed the woken writer");
+    assert_eq!(Rw::read("r0").release(con), 1);
+    assert_eq!(w1.acquire(con), [1, 0]);
+    // a writer released with waiters left: the gate again, not a free key
+    let r3 = Rw::read("r3").on("cr");
+    let w2 = Rw::write("w2").on("cw");
+    assert_eq!(r3.acquire(con)[0], 0);
+    assert_eq!(w2.acquire(con)[0], 0);
+    assert_eq!(w1.release(con), 1);
+    assert!(!lone_read(con, "r4"));
+    assert_eq!(r3.acquire(con), [1, 0], "ahead of w2");
+    assert!(!lone_read(con, "r4"), "w2 still waits");
+    assert_eq!(r3.release(con), 1);
+    assert_eq!(w2.acquire(con), [1, 0]);
+    assert_eq!(w2.release(con), 1);
+    for key in RW {
+        assert!(!exists(con, key), "{key}");
+    }
+}
+
+#[test]
+fn a_stale_gate_is_cleared_by_the_next_script() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    assert_eq!(Rw::read("r0").acquire(con), [1, 0]);
+    // a writer queues, then dies: it stops refreshing its place
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    assert!(exists(con, RW[0]), "the gate");
+    query::<i64>(con, &["ZADD", RW[3], "1", &w1.entry()]);
+    // the next script prunes the dead waiter and the gate with it
+    assert_eq!(Rw::read("r1").acquire(con), [1, 0]);
+    assert!(!exists(con, RW[0]) && !exists(con, RW[2]));
+    assert!(lone_read(con, "r2"));
+}
+
+#[test]
+fn a_lone_reader_is_renewed_and_never_revived() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    assert!(lone_read(con, "r0"));
+    query::<i64>(con, &["PEXPIRE", RW[0], "1000"]);
+    let renewed: Vec<i64> = eval(
+        con,
+        RENEW_SHARES,
+        &[RW[0], RW[1], RW[0], RW[1]],
+        &["r0", "60000", "2", "r9", "60000", "2"],
+    );
+    assert_eq!(renewed, [1, 0]);
+    assert!(query::<i64>(con, &["PTTL", RW[0]]) > 50_000);
+    assert!(!exists(con, RW[1]), "nothing created");
+    // a writer's key (or the gate) is never extended for a reader
+    query::<()>(con, &["SET", RW[0], "r0", "PX", "1000"]);
+    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[RW[0], RW[1]], &["r0", "60000", "2"]);
+    assert_eq!(renewed, [0]);
+    assert!(query::<i64>(con, &["PTTL", RW[0]]) <= 1000);
+}
+
 #[test]
 fn reader_queued_before_a_writer_is_not_stopped_by_it() {
     let server = RedisServer::start();
@@ -563,13 +697,13 @@ fn renewal_touches_only_its_own_share_and_never_revives() {
     let r1_score: i64 = query(con, &["ZSCORE", RW[1], "r1"]);
     let pttl_before = query::<i64>(con, &["PTTL", RW[1]]);
     std::thread::sleep(Duration::from_millis(5));
-    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[RW[1]], &["r1", "60000"]);
+    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[RW[1]], &["r1", "60000", "1"]);
     assert_eq!(renewed, [1]);
     assert!(query::<i64>(con, &["ZSCORE", RW[1], "r1"]) > r1_score);
     assert_eq!(query::<i64>(con, &["ZSCORE", RW[1], "r2"]), r2_score);
     assert!(query::<i64>(con, &["PTTL", RW[1]]) > pttl_before);
     // a shorter ttl never shortens the key's
-    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[RW[1]], &["r2", "100"]);
+    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[RW[1]], &["r2", "100", "1"]);
     assert_eq!(renewed, [1]);
     assert!(query::<i64>(con, &["PTTL", RW[1]]) > 1000);
     // r3 expires: its renewal removes it, never revives it
@@ -579,7 +713,7 @@ fn renewal_touches_only_its_own_share_and_never_revives() {
         con,
         RENEW_SHARES,
         &[RW[1], RW[1], "{rw}:none"],
-        &["r3", "60000", "r1", "60000", "r9", "60000"],
+        &["r3", "60000", "1", "r1", "60000", "1", "r9", "60000", "1"],
     );
     assert_eq!(renewed, [0, 1, 0]);
     assert_eq!(query::<Option<i64>>(con, &["ZSCORE", RW[1], "r3"]), None);
@@ -755,6 +889,6 @@ fn expired_semaphore_holder_frees_its_permit() {
     assert!(blocked[1] > 0 && blocked[1] <= 50, "{blocked:?}");
     poll_until_acquired(|| waiter.acquire(con));
     assert_eq!(short.release(con), 0, "lost");
-    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[SEM[0]], &["1|b", "60000"]);
+    let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[SEM[0]], &["1|b", "60000", "1"]);
     assert_eq!(renewed, [1]);
 }

@@ -18,6 +18,19 @@ fn score(server: &RedisServer, key: &str, member: &str) -> Option<i64> {
     value(&redis(server, &["ZSCORE", key, member])).map(|score| score.parse().unwrap())
 }
 
+/// A read share's expiry (ms, server clock): a lone reader's writer key
+/// `r:<token>` (its PTTL from now), or the share's score in the ZSET.
+fn share_expiry(server: &RedisServer, name: &str, token: &str) -> Option<i64> {
+    let writer_key = format!("lock:{{{name}}}:rw");
+    if value(&redis(server, &["GET", &writer_key])) == Some(format!("r:{token}")) {
+        let left: i64 = value(&redis(server, &["PTTL", &writer_key]))?
+            .parse()
+            .unwrap();
+        return Some(server_ms(server) + left);
+    }
+    score(server, &format!("{writer_key}:readers"), token)
+}
+
 fn server_ms(server: &RedisServer) -> i64 {
     let reply = redis(server, &["TIME"]);
     let parts: Vec<&str> = reply.split("\r\n").collect();
@@ -34,23 +47,35 @@ async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
         .client(client(&server));
     let first = lock.read().try_acquire().await.unwrap();
     let second = lock.read().try_acquire().await.unwrap();
+    let third = lock.read().try_acquire().await.unwrap();
     assert_eq!(first.redis_key(), "lock:{prices}:rw");
     assert_ne!(first.token(), second.token());
-    // Each share is its own member, scored with its expiry on the server's
-    // clock.
+    // The first reader of an idle lock took the writer key with a plain SET
+    // (a lone reader); the others are members of the readers ZSET. Each
+    // share has its own expiry on the server's clock.
+    assert_eq!(
+        value(&redis(&server, &["GET", "lock:{prices}:rw"])),
+        Some(format!("r:{}", first.token()))
+    );
     let now = server_ms(&server);
-    for guard in [&first, &second] {
-        let expiry = score(&server, "lock:{prices}:rw:readers", guard.token()).unwrap();
+    for guard in [&first, &second, &third] {
+        let expiry = share_expiry(&server, "prices", guard.token()).unwrap();
         assert!(
             expiry > now + 9_000 && expiry <= now + 10_100,
             "{expiry} vs {now}"
         );
     }
+    assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
     let busy = lock.write().try_acquire().await.unwrap_err();
     assert!(matches!(busy, LockError::Busy { .. }), "{busy:?}");
+    // A ZSET reader's release leaves the lone reader and the other alone.
+    third.release().await.unwrap();
+    assert!(share_expiry(&server, "prices", first.token()).is_some());
+    assert!(share_expiry(&server, "prices", second.token()).is_some());
     first.release().await.unwrap();
-    // The other share is untouched by the first one's release.
+    // The other share is untouched by the lone reader's release.
     assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
+    assert_eq!(redis(&server, &["EXISTS", "lock:{prices}:rw"]), ":0\r\n");
     assert!(lock.write().try_acquire().await.is_err());
     second.release().await.unwrap();
     assert_eq!(
@@ -371,29 +396,53 @@ async fn a_renewed_read_share_outlives_its_ttl_and_its_loss_stops_the_body() {
     let guard = lock.read().try_acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(guard.is_held());
-    assert!(score(&server, "lock:{cache}:rw:readers", guard.token()).is_some());
+    // a lone reader (the writer key), renewed
+    assert!(share_expiry(&server, "cache", guard.token()).is_some());
+    // and a reader of the ZSET, renewed alongside it
+    let member = lock.read().try_acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_held() && member.is_held());
+    assert!(score(&server, "lock:{cache}:rw:readers", member.token()).is_some());
+    assert!(share_expiry(&server, "cache", guard.token()).is_some());
+    member.release().await.unwrap();
     guard.release().await.unwrap();
 
-    // A share removed behind its holder's back: the renewal finds it gone
-    // and the body is stopped.
-    let result = lock
-        .read()
-        .run(async {
-            let token = lock_runtime::current().unwrap().token().to_owned();
-            redis(&server, &["ZREM", "lock:{cache}:rw:readers", &token]);
-            std::future::pending::<()>().await;
-        })
-        .await;
-    assert!(
-        matches!(
-            result,
-            Err(LockError::Lost {
-                cause: LostCause::Expired,
-                ..
+    // A share removed behind its holder's back (a lone reader's writer key,
+    // a ZSET member): the renewal finds it gone and the body is stopped.
+    for lone in [true, false] {
+        let other = if lone {
+            None
+        } else {
+            Some(lock.read().try_acquire().await.unwrap())
+        };
+        let result = lock
+            .read()
+            .run(async {
+                let token = lock_runtime::current().unwrap().token().to_owned();
+                if lone {
+                    let held = value(&redis(&server, &["GET", "lock:{cache}:rw"]));
+                    assert_eq!(held, Some(format!("r:{token}")));
+                    redis(&server, &["DEL", "lock:{cache}:rw"]);
+                } else {
+                    redis(&server, &["ZREM", "lock:{cache}:rw:readers", &token]);
+                }
+                std::future::pending::<()>().await;
             })
-        ),
-        "{result:?}"
-    );
+            .await;
+        assert!(
+            matches!(
+                result,
+                Err(LockError::Lost {
+                    cause: LostCause::Expired,
+                    ..
+                })
+            ),
+            "lone {lone}: {result:?}"
+        );
+        if let Some(other) = other {
+            other.release().await.unwrap();
+        }
+    }
 }
 
 #[tokio::test]

@@ -196,9 +196,16 @@ fn a_writer_gets_in_while_readers_keep_coming() {
 #[test]
 fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     let server = RedisServer::start();
-    let readers_key = "lock:{catalog}:rw:readers";
+    let (writer_key, readers_key) = ("lock:{catalog}:rw", "lock:{catalog}:rw:readers");
+    // The victim comes first to an idle lock: it is the lone reader, its
+    // share the writer key `r:<token>` with the key's own expiry.
     let mut victim = worker(&server, &["rw-hold", "catalog", "read", "1500"]);
     let (victim_token, _) = held(&victim.line(LINE_TIMEOUT));
+    let lone = format!("r:{victim_token}");
+    assert_eq!(
+        value(&redis(&server, &["GET", writer_key])),
+        Some(lone.clone())
+    );
     let mut others: Vec<(Process, String)> = (0..2)
         .map(|_| {
             let mut reader = worker(&server, &["rw-hold", "catalog", "read", "8000"]);
@@ -206,22 +213,36 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
             (reader, token)
         })
         .collect();
-    let shares = zset(&server, readers_key);
-    assert_eq!(shares.len(), 3, "{shares:?}");
-    let expiry_of = |token: &str| -> i64 {
-        let (_, score) = shares.iter().find(|(member, _)| member == token).unwrap();
-        score.parse().unwrap()
+    let pttl = |server: &RedisServer| -> i64 {
+        value(&redis(server, &["PTTL", writer_key]))
+            .unwrap()
+            .parse()
+            .unwrap()
     };
-    let victim_expiry = expiry_of(&victim_token);
-    for (_, token) in &others {
-        assert!(expiry_of(token) > victim_expiry + 5000, "{shares:?}");
+    let victim_expiry = server_now_ms(&server) + pttl(&server);
+    let shares = zset(&server, readers_key);
+    assert_eq!(shares.len(), 2, "{shares:?}");
+    for (_, expiry) in &shares {
+        assert!(
+            expiry.parse::<i64>().unwrap() > victim_expiry + 5000,
+            "{shares:?}"
+        );
     }
 
+    let left_before = pttl(&server);
     victim.kill_hard(); // no release: only its expiry ends its share
     assert_eq!(
         zset(&server, readers_key),
         shares,
         "the kill changed the shares"
+    );
+    assert_eq!(
+        value(&redis(&server, &["GET", writer_key])),
+        Some(lone.clone())
+    );
+    assert!(
+        pttl(&server) <= left_before,
+        "the kill extended the dead share"
     );
 
     // A writer waits for the readers, dead one included; while it waits,
@@ -240,8 +261,7 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
         "the killed reader's share is gone",
         left + Duration::from_secs(2),
         || {
-            let score = redis(&server, &["ZSCORE", readers_key, &victim_token]);
-            if value(&score).is_none() {
+            if value(&redis(&server, &["GET", writer_key])) != Some(lone.clone()) {
                 return true;
             }
             assert!(
@@ -254,13 +274,7 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     assert!(server_now_ms(&server) >= victim_expiry);
     // The live readers' shares, expiries included, are untouched, and they
     // still keep the writer out.
-    let live: Vec<(String, String)> = shares
-        .iter()
-        .filter(|(member, _)| *member != victim_token)
-        .cloned()
-        .collect();
-    assert_eq!(zset(&server, readers_key), live);
-    assert_eq!(redis(&server, &["EXISTS", "lock:{catalog}:rw"]), ":0\r\n");
+    assert_eq!(zset(&server, readers_key), shares);
 
     for (reader, _) in &mut others {
         reader.send("release");
@@ -268,7 +282,7 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     }
     let (writer_token, _) = held(&writer.line(LINE_TIMEOUT));
     assert_eq!(
-        value(&redis(&server, &["GET", "lock:{catalog}:rw"])),
+        value(&redis(&server, &["GET", writer_key])),
         Some(writer_token)
     );
     writer.send("release");

@@ -143,14 +143,20 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 const SHARES: &str = include_str!("lua/shares.lua");
 
 /// `lua/rw_acquire.lua`: take a read share or the write side.
-pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[SHARES, include_str!("lua/rw_acquire.lua")].concat(), 64));
+pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    let source = [
+        SHARES,
+        include_str!("lua/rw_state.lua"),
+        include_str!("lua/rw_acquire.lua"),
+    ];
+    LuaScript::new(&source.concat(), 64)
+});
 
 /// `lua/rw_release.lua`: end a share, waking who may enter now.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = [
         SHARES,
-        include_str!("lua/rw_wake.lua"),
+        include_str!("lua/rw_state.lua"),
         include_str!("lua/rw_release.lua"),
     ];
     LuaScript::new(&source.concat(), 128)
@@ -160,7 +166,7 @@ pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static RW_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
     let source = [
         SHARES,
-        include_str!("lua/rw_wake.lua"),
+        include_str!("lua/rw_state.lua"),
         include_str!("lua/rw_leave.lua"),
     ];
     LuaScript::new(&source.concat(), 256)

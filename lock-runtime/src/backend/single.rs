@@ -57,16 +57,22 @@ impl SingleNode {
             .map_err(|source| LockError::redis(name, operation, source))
     }
 
-    /// `SET key token NX PX ttl`: what an uncontended lock costs. A retry
-    /// (the first attempt's outcome unknown) is the acquire script with
-    /// `mine`, which recognises a lock the first attempt took.
-    async fn set_if_free(&self, request: &AcquireRequest<'_>) -> Result<Acquire, LockError> {
+    /// `SET key token NX PX ttl` (`value` instead of the token if given):
+    /// what an uncontended lock costs. A retry (the first attempt's outcome
+    /// unknown) is the acquire script with `mine`, which recognises a lock
+    /// the first attempt took.
+    async fn set_if_free(
+        &self,
+        request: &AcquireRequest<'_>,
+        value: Option<&str>,
+    ) -> Result<Acquire, LockError> {
         let keys = request.keys;
-        let bytes = keys.lock.len() + request.token.len() + 32;
+        let value = value.unwrap_or(request.token);
+        let bytes = keys.lock.len() + value.len() + 32;
         let mut set = Cmd::with_capacity(6, bytes);
         set.arg("SET")
             .arg(&keys.lock)
-            .arg(request.token)
+            .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(request.ttl_ms);
@@ -80,6 +86,10 @@ impl SingleNode {
                         mine: true,
                         ..*request
                     };
+                    if request.kind != Kind::Exclusive {
+                        let reply = self.shared_acquire_script(&mut connection, &retry, true);
+                        return Ok(shared::rw_outcome(&retry, &reply.await?));
+                    }
                     return self.acquire_script(&mut connection, &retry).await;
                 }
                 match set.query_async(&mut connection).await? {
@@ -162,15 +172,28 @@ impl Backend for SingleNode {
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
         Box::pin(async move {
-            if request.kind != Kind::Exclusive {
-                return self.acquire_shared(&request).await;
-            }
+            // Uncontended, without a queue or fencing to honour: one plain
+            // `SET NX PX` (for a reader, a lone reader's `r:<token>` in the
+            // writer key).
             let plain = !(request.join
                 || request.respect
                 || request.fence_retention_ms.is_some()
                 || request.mine);
-            if plain {
-                return self.set_if_free(&request).await;
+            match request.kind {
+                Kind::Exclusive if plain => return self.set_if_free(&request, None).await,
+                Kind::Exclusive => {}
+                Kind::Read if plain => {
+                    let value = format!("r:{}", request.token);
+                    let outcome = self.set_if_free(&request, Some(&value)).await?;
+                    if let Acquire::Acquired { .. } = outcome {
+                        return Ok(outcome);
+                    }
+                    // Someone holds the writer key: a writer, another lone
+                    // reader (this one then shares the ZSET), or the gate of
+                    // queued waiters. The script decides.
+                    return self.acquire_shared(&request).await;
+                }
+                _ => return self.acquire_shared(&request).await,
             }
             let request = &request;
             self.call(
@@ -339,13 +362,21 @@ impl Backend for SingleNode {
             }
             for chunk in shares.chunks(LOCKS_PER_CALL) {
                 let mut call = redis::cmd("EVALSHA");
-                call.arg(RENEW_SHARES.hash()).arg(chunk.len());
+                call.arg(RENEW_SHARES.hash());
+                // A read share: the writer key (a lone reader's) and the
+                // readers ZSET; a permit: the semaphore ZSET.
+                let keys: usize = chunk
+                    .iter()
+                    .map(|&i| 1 + usize::from(items[i].kind == Kind::Read))
+                    .sum();
+                call.arg(keys);
                 for &i in chunk {
                     let keys = items[i].keys;
-                    match items[i].kind {
-                        Kind::Read => call.arg(keys.readers()),
-                        _ => call.arg(&keys.lock),
-                    };
+                    if items[i].kind == Kind::Read {
+                        call.arg(&keys.lock).arg(keys.readers());
+                    } else {
+                        call.arg(&keys.lock);
+                    }
                 }
                 for &i in chunk {
                     let item = &items[i];
@@ -355,7 +386,8 @@ impl Backend for SingleNode {
                         }
                         _ => call.arg(item.token),
                     };
-                    call.arg(item.ttl_ms);
+                    call.arg(item.ttl_ms)
+                        .arg(1 + u8::from(item.kind == Kind::Read));
                 }
                 calls.push((&RENEW_SHARES, call, chunk));
             }

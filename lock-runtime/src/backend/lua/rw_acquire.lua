@@ -3,7 +3,8 @@
 -- step; otherwise (when asked) joins or refreshes the caller's place in the
 -- queue of waiters that releases wake.
 --
--- KEYS = writer (string: the writer's token, PX ttl),
+-- KEYS = writer (string: a writer's token, a lone reader's `r:<token>` or
+--        the gate `q`, see rw_state.lua; PX ttl),
 --        readers (ZSET: reader token -> that share's expiry, ms, server clock),
 --        queue (LIST of entries `<mode>|<channel>|<token>`),
 --        deadlines (ZSET: queue entry -> ms by which its waiter must refresh),
@@ -27,15 +28,17 @@
 --         readers, the latest live share's expiry - now), or -2 when blocked
 --         by a queued writer or by the order of the queue.
 --
--- A reader may enter iff there is no writer and no `w` entry is queued ahead
+-- A reader may enter iff no writer holds and no `w` entry is queued ahead
 -- of the caller's own entry (anywhere in the queue when the caller is not
--- queued): a waiting writer stops new readers. A writer may enter iff there
--- is no writer, no live reader share, and (fair = 0, or the queue is empty,
--- or the caller's entry is first). Waiters that stopped refreshing their
--- place (the whole queue, never the caller's own entry) and expired reader
--- shares are removed first.
+-- queued): a waiting writer stops new readers. A writer may enter iff no
+-- writer holds, no reader share is live (a lone reader's or the ZSET's),
+-- and (fair = 0, or the queue is empty, or the caller's entry is first).
+-- Waiters that stopped refreshing their place (the whole queue, never the
+-- caller's own entry) and expired reader shares are removed first. Readers
+-- that enter here go to the ZSET (only the plain SET makes a lone reader);
+-- the gate is then made to match the queue (settle).
 --
--- Preceded by shares.lua.
+-- Preceded by shares.lua and rw_state.lua.
 
 local mode, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local timeout = tonumber(ARGV[5])
@@ -57,10 +60,13 @@ local function fence_held()
 end
 
 if ARGV[9] == '1' then
+  local held = redis.call('GET', KEYS[1])
   if mode == 'w' then
-    if redis.call('GET', KEYS[1]) == token then
+    if held == token then
       return {1, fence_held(), redis.call('PTTL', KEYS[1])}
     end
+  elseif held == 'r:' .. token then
+    return {1, fence_now(), redis.call('PTTL', KEYS[1])}
   else
     local expiry = tonumber(redis.call('ZSCORE', KEYS[2], token))
     if expiry and expiry > now_ms() then
@@ -69,8 +75,9 @@ if ARGV[9] == '1' then
   end
 end
 
--- Fast path (the uncontended case): no writer and nobody queued. A reader
--- enters; a writer enters when no live share is left either.
+-- Fast path (the uncontended case): nobody holds the writer key (no writer,
+-- no lone reader, no gate) and nobody is queued. A reader enters; a writer
+-- enters when no live share is left either.
 if ARGV[9] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
   if mode == 'r' then
@@ -88,46 +95,45 @@ end
 local live, position = live_queue(KEYS[3], KEYS[4], entry)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
 
-local writer = redis.call('EXISTS', KEYS[1]) == 1
+local held = redis.call('GET', KEYS[1])
 local may
 local hint = -2
-if mode == 'w' then
+if writer_holds(held) then
+  hint = redis.call('PTTL', KEYS[1])
+  may = false
+elseif mode == 'w' then
   local readers = redis.call('ZRANGE', KEYS[2], '-1', '-1', 'WITHSCORES')
-  if writer then
-    hint = redis.call('PTTL', KEYS[1])
-    may = false
-  elseif readers[1] then
-    hint = tonumber(readers[2]) - now_ms()
+  local last = -1
+  if lone_reader(held) then last = redis.call('PTTL', KEYS[1]) end
+  if readers[1] then last = math.max(last, tonumber(readers[2]) - now_ms()) end
+  if last >= 0 then
+    hint = last
     may = false
   else
     may = ARGV[7] == '0' or #live == 0 or position == 1
   end
 else
-  if writer then
-    hint = redis.call('PTTL', KEYS[1])
-    may = false
-  else
-    may = true
-    local ahead = #live
-    if position then ahead = position - 1 end
-    for i = 1, ahead do
-      if string.sub(live[i], 1, 2) == 'w|' then
-        may = false
-        break
-      end
+  may = true
+  local ahead = #live
+  if position then ahead = position - 1 end
+  for i = 1, ahead do
+    if string.sub(live[i], 1, 2) == 'w|' then
+      may = false
+      break
     end
   end
 end
 
 if may then
+  if redis.call('ZREM', KEYS[4], entry) == 1 or position then
+    redis.call('LREM', KEYS[3], '0', entry)
+  end
   if mode == 'w' then
     redis.call('SET', KEYS[1], token, 'PX', ttl)
   else
     redis.call('ZADD', KEYS[2], now_ms() + ttl, token)
     expire_at_least(KEYS[2], ttl)
-  end
-  if redis.call('ZREM', KEYS[4], entry) == 1 or position then
-    redis.call('LREM', KEYS[3], '0', entry)
+    settle()
   end
   return {1, fence_now()}
 end
@@ -138,4 +144,5 @@ if ARGV[6] == '1' then
   expire_at_least(KEYS[3], timeout * 2)
   expire_at_least(KEYS[4], timeout * 2)
 end
+settle()
 return {0, hint}

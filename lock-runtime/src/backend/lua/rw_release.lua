@@ -12,23 +12,20 @@
 --         attempt of this release), 0 the share was gone or expired (lost),
 --         -1 the writer key holds another token (left untouched).
 --
--- A read release only ever touches the readers key (never the writer key),
--- and an unknown or expired share creates no key.
+-- A read release only deletes the writer key when it holds the caller's own
+-- `r:<token>` (a lone reader); otherwise it only touches the readers key. An
+-- unknown or expired share creates no key. A lone reader released while
+-- nobody is queued is GET + EXISTS + DEL.
 --
--- Wake (after a release that freed something): waiters that stopped
--- refreshing are dropped from the queue; then, if there is no writer:
--- when the head entry is `w` and no reader share is live, that writer's
--- token is published on its channel; when the head entries are `r`, every
--- `r` entry before the first `w` entry is told (they may enter, live
--- readers or not), with ONE PUBLISH per channel whose message is the
--- space-separated tokens of its readers. (A read release that leaves live
--- readers behind a queued writer wakes nobody.)
+-- Wake (after a release that freed something): see wake() in rw_state.lua.
+-- A read release that leaves live readers behind a queued writer wakes
+-- nobody. The gate is then made to match the queue (settle).
 --
--- Preceded by shares.lua and rw_wake.lua.
+-- Preceded by shares.lua and rw_state.lua.
 
 local token = ARGV[2]
+local held = redis.call('GET', KEYS[1])
 if ARGV[1] == 'w' then
-  local held = redis.call('GET', KEYS[1])
   if held == false then return 0 end
   local kept = 'kept:' .. token
   if held == kept then
@@ -41,6 +38,16 @@ if ARGV[1] == 'w' then
     return 1
   end
   redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
+  settle()
+  wake()
+  return 1
+end
+
+if held == 'r:' .. token then
+  redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
+  settle()
   wake()
   return 1
 end
@@ -49,5 +56,7 @@ local expiry = tonumber(redis.call('ZSCORE', KEYS[2], token))
 if not expiry then return 0 end
 redis.call('ZREM', KEYS[2], token)
 if expiry <= now_ms() then return 0 end
+if held ~= 'q' and redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 wake()
+settle()
 return 1

@@ -33,13 +33,8 @@ impl SingleNode {
             )
             .await?;
         let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
-        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
         let name = request.keys.name();
         match (at(0), request.kind) {
-            (1, _) => Ok(Acquire::Acquired {
-                fence: request.fence_retention_ms.map(|_| at(1) as u64),
-                found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
-            }),
             (-3, Kind::Semaphore { capacity, .. }) => Err(LockError::config(format!(
                 "semaphore `{name}` is held with {} permits, but this call opens it with \
                  {capacity}: every user of a semaphore must give the same number of permits \
@@ -54,13 +49,11 @@ impl SingleNode {
             ) => Err(LockError::config(format!(
                 "semaphore `{name}` has {capacity} permits; {permits} can never be taken at once"
             ))),
-            _ => Ok(Acquire::Busy {
-                expires_in: millis(at(1)),
-            }),
+            _ => Ok(rw_outcome(request, &reply)),
         }
     }
 
-    async fn shared_acquire_script(
+    pub(super) async fn shared_acquire_script(
         &self,
         connection: &mut ConnectionManager,
         request: &AcquireRequest<'_>,
@@ -189,4 +182,21 @@ fn rw_keys<'c>(cmd: &'c mut Cmd, keys: &LockKeys) -> &'c mut Cmd {
         .arg(keys.queue())
         .arg(keys.waiters())
         .arg(keys.fence())
+}
+
+/// An acquire script's `{1, fence[, remaining_ms]}` (acquired) or
+/// `{0, hint_ms}` (busy) reply, decoded.
+pub(super) fn rw_outcome(request: &AcquireRequest<'_>, reply: &[i64]) -> Acquire {
+    let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
+    let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
+    if at(0) == 1 {
+        Acquire::Acquired {
+            fence: request.fence_retention_ms.map(|_| at(1) as u64),
+            found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+        }
+    } else {
+        Acquire::Busy {
+            expires_in: millis(at(1)),
+        }
+    }
 }
