@@ -406,3 +406,49 @@ async fn a_pass_redis_refuses_does_not_start_the_next_task() {
     redis(&server, &["DEL", "lock:{refused}"]);
     waiter.await.unwrap().unwrap();
 }
+
+/// A local waiter cancelled while the lock is being passed to it (the
+/// `HANDOFF` is under way: here Redis is stopped with SIGSTOP meanwhile)
+/// has not taken it: the pass, once Redis answers, is passed on or
+/// released, so no lock is left held by nobody until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = cohort_holder(&server, &client, "cancelled", Duration::from_secs(60)).await;
+    let waiter = tokio::spawn({
+        let lock = Lock::new("cancelled")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("cancelled") == 1
+    })
+    .await;
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &server.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let release = tokio::spawn(holder.release());
+    wait_until_async("the pass is under way", LINE_TIMEOUT, || {
+        client.waiting_in_process("cancelled") == 0
+    })
+    .await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    signal("-CONT");
+    release.await.unwrap().unwrap();
+    wait_until_async("the lock is free", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{cancelled}"]) == ":0\r\n"
+    })
+    .await;
+    let again = Lock::new("cancelled").client(client.clone());
+    again.try_acquire().await.unwrap().release().await.unwrap();
+    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+}

@@ -459,3 +459,53 @@ async fn hold_at_least_keeps_a_write_and_is_refused_for_a_read() {
     let error = lock.read().try_acquire().await.unwrap_err();
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
 }
+
+/// Every script of the shared kinds is sent again after Redis lost its
+/// script cache (SCRIPT FLUSH, then a restart on the same port): acquires
+/// (lone, ZSET and waiting readers, writers, permits), renewals of a read
+/// share and of a permit, and releases all work, one EVAL each.
+#[tokio::test]
+async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
+    let mut server = RedisServer::start();
+    let port = server.port();
+    let client = client(&server);
+    let rw = RwLock::new("flushed")
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone());
+    let semaphore = lock_runtime::Semaphore::new("flushed", 2)
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone());
+    let every_kind = || async {
+        let lone = rw.read().try_acquire().await.unwrap();
+        let member = rw
+            .read()
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        let permit = semaphore.acquire().await.unwrap();
+        // past a ttl: renewed (the lone reader, the ZSET reader, the permit)
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(lone.is_held() && member.is_held() && permit.is_held());
+        for guard in [lone, member, permit] {
+            guard.release().await.unwrap();
+        }
+        let writer = rw
+            .write()
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap();
+        writer.release().await.unwrap();
+    };
+    every_kind().await;
+    assert_eq!(redis(&server, &["SCRIPT", "FLUSH"]), "+OK\r\n");
+    every_kind().await;
+    server.kill();
+    server = RedisServer::start_on(port).expect("restart on the same port");
+    every_kind().await;
+    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+    assert_eq!(client.renewal_stats().lost, 0);
+}
