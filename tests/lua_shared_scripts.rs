@@ -352,10 +352,27 @@ fn queued_writer_stops_new_readers() {
 }
 
 /// The uncontended read acquire of the client: `SET <writer key>
-/// r:<token> NX PX ttl`, no script (a lone reader).
+/// r:<token> NX PX ttl` and `EXISTS <queue>` in one pipeline, no script (a
+/// lone reader); a share taken while waiters are queued is given back at
+/// once (the read release), and the client would run the acquire script.
 fn lone_read(con: &mut Connection, token: &str) -> bool {
     let value = format!("r:{token}");
-    query::<Option<String>>(con, &["SET", RW[0], &value, "NX", "PX", "30000"]).is_some()
+    let (set, queued): (Option<String>, bool) = redis::pipe()
+        .cmd("SET")
+        .arg(RW[0])
+        .arg(&value)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .cmd("EXISTS")
+        .arg(RW[2])
+        .query(con)
+        .unwrap();
+    if set.is_some() && queued {
+        assert_eq!(Rw::read(token).release(con), 1, "the share given back");
+        return false;
+    }
+    set.is_some()
 }
 
 #[test]
@@ -891,4 +908,133 @@ fn expired_semaphore_holder_frees_its_permit() {
     assert_eq!(short.release(con), 0, "lost");
     let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[SEM[0]], &["1|b", "60000", "1"]);
     assert_eq!(renewed, [1]);
+}
+
+// ---------------------------------------------------------------------------
+// The lone reader and the gate, at their edges.
+
+/// Every key of the read/write lock `rw` that still exists, with its value
+/// when it is the writer key.
+fn rw_keys_left(con: &mut Connection) -> Vec<String> {
+    let mut left = Vec::new();
+    for key in RW {
+        if exists(con, key) {
+            left.push(key.to_owned());
+        }
+    }
+    if let Some(value) = query::<Option<String>>(con, &["GET", RW[0]]) {
+        let pttl: i64 = query(con, &["PTTL", RW[0]]);
+        left.push(format!("writer key = {value:?}, PTTL {pttl} ms"));
+    }
+    left
+}
+
+/// A write release with only dead waiters queued: wake() prunes them (the
+/// queue goes) before the gate is settled, so no gate stays behind while
+/// nobody holds or waits.
+#[test]
+fn write_release_with_only_dead_waiters_leaves_no_gate() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let w0 = Rw::write("w0");
+    assert_eq!(w0.acquire(con), [1, 0]);
+    let r1 = Rw::read("r1").on("c");
+    assert_eq!(r1.acquire(con)[0], 0);
+    // r1's process dies: it stops refreshing its place
+    query::<i64>(con, &["ZADD", RW[3], "1", &r1.entry()]);
+    assert_eq!(w0.release(con), 1);
+    assert_eq!(
+        rw_keys_left(con),
+        Vec::<String>::new(),
+        "nobody holds or waits"
+    );
+}
+
+/// The same for a lone reader's release.
+#[test]
+fn lone_reader_release_with_only_dead_waiters_leaves_no_gate() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    assert!(lone_read(con, "r0"));
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    // w1's process dies: it stops refreshing its place
+    query::<i64>(con, &["ZADD", RW[3], "1", &w1.entry()]);
+    assert_eq!(Rw::read("r0").release(con), 1);
+    assert_eq!(
+        rw_keys_left(con),
+        Vec::<String>::new(),
+        "nobody holds or waits"
+    );
+}
+
+/// hold_at_least (a normal release, no crash): the writer key becomes
+/// `kept:<token>`, and no script runs when it expires, so the queue exists
+/// with neither holder nor gate; the plain read (SET NX with EXISTS queue)
+/// sees the queue and gives its share back: it never passes the queued
+/// writer.
+#[test]
+fn a_kept_writers_end_does_not_open_the_plain_read_to_a_queued_writer() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let w0 = Rw::write("w0");
+    assert_eq!(w0.acquire(con), [1, 0]);
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    // w0 releases with hold_at_least = 50 ms
+    assert_eq!(eval::<i64>(con, RW_RELEASE, &RW, &["w", "w0", "50"]), 1);
+    wait_until("the kept hold ended", WAIT, || !exists(con, RW[0]));
+    assert!(exists(con, RW[2]), "w1 is still queued");
+    assert!(
+        !lone_read(con, "r9"),
+        "a plain reader passed the queued writer w1"
+    );
+}
+
+/// The same after a writer's key expires (a writer that died or overran
+/// its ttl).
+#[test]
+fn an_expired_writer_does_not_open_the_plain_read_to_a_queued_writer() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let w0 = Rw {
+        ttl: 50,
+        ..Rw::write("w0")
+    };
+    assert_eq!(w0.acquire(con), [1, 0]);
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    wait_until("w0 expired", WAIT, || !exists(con, RW[0]));
+    assert!(exists(con, RW[2]), "w1 is still queued");
+    assert!(
+        !lone_read(con, "r9"),
+        "a plain reader passed the queued writer w1"
+    );
+}
+
+/// A writer whose key expired, released after a script turned the free key
+/// into the gate: reported 0 (Expired), not -1 (TakenOver: nobody took it).
+#[test]
+fn expired_writer_release_under_the_gate_is_expired_not_taken_over() {
+    let server = RedisServer::start();
+    let con = &mut connect(&server);
+    let w0 = Rw {
+        ttl: 50,
+        ..Rw::write("w0")
+    };
+    assert_eq!(w0.acquire(con), [1, 0]);
+    let w1 = Rw::write("w1").on("cw");
+    assert_eq!(w1.acquire(con)[0], 0);
+    wait_until("w0 expired", WAIT, || !exists(con, RW[0]));
+    // a fenced try-reader (script path) is refused and settles the gate
+    let fenced = Rw {
+        fence: 60_000,
+        ..Rw::read("r9")
+    };
+    assert_eq!(fenced.acquire(con), [0, -2]);
+    assert_eq!(
+        query::<Option<String>>(con, &["GET", RW[0]]).as_deref(),
+        Some("q")
+    );
+    assert_eq!(w0.release(con), 0, "expired, not taken over");
 }

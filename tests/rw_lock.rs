@@ -509,3 +509,69 @@ async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
     assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
     assert_eq!(client.renewal_stats().lost, 0);
 }
+
+/// A writer released with `hold_at_least` keeps the key as `kept:<token>`,
+/// and no script runs when that ends, so the queue exists with neither
+/// holder nor gate: a plain read must still not pass the queued writer
+/// (which sleeps up to its 500 ms refresh), nor hold it off past its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("kept").ttl(Duration::from_secs(10));
+    let first = lock
+        .clone()
+        .hold_at_least(Duration::from_millis(250))
+        .client(client(&server))
+        .write()
+        .try_acquire()
+        .await
+        .unwrap();
+    let writer = lock
+        .clone()
+        .wait(Duration::from_millis(1500))
+        .client(client(&server))
+        .write();
+    let waiting = tokio::spawn(async move {
+        writer.acquire().await.map(|guard| {
+            let entered = std::time::Instant::now();
+            drop(guard);
+            entered
+        })
+    });
+    wait_until_async("the writer queued", Duration::from_secs(5), || {
+        redis(&server, &["LLEN", "lock:{kept}:rw:queue"]) == ":1\r\n"
+    })
+    .await;
+    first.release().await.unwrap(); // kept until 250 ms after its acquire
+    assert!(
+        value(&redis(&server, &["GET", "lock:{kept}:rw"])).is_some_and(|v| v.starts_with("kept:")),
+        "set up: the hold_at_least already ended"
+    );
+    wait_until_async("the kept hold ended", Duration::from_secs(5), || {
+        redis(&server, &["EXISTS", "lock:{kept}:rw"]) == ":0\r\n"
+    })
+    .await;
+    // A reader arrives (try_acquire: the plain SET first) while the writer
+    // is still queued.
+    assert_eq!(redis(&server, &["LLEN", "lock:{kept}:rw:queue"]), ":1\r\n");
+    let read = lock
+        .clone()
+        .client(client(&server))
+        .read()
+        .try_acquire()
+        .await;
+    let reader_entered = read.is_ok().then(std::time::Instant::now);
+    // It reads for 2 s: longer than the writer's wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(read);
+    // The writer got in, and a reader only after it (the plain read gave
+    // back the key it found free, and the script refused it or, once the
+    // writer was gone, let it in).
+    let writer_entered = waiting.await.unwrap().unwrap();
+    if let Some(reader_entered) = reader_entered {
+        assert!(
+            writer_entered < reader_entered,
+            "a reader got in ahead of the queued writer"
+        );
+    }
+}

@@ -57,22 +57,16 @@ impl SingleNode {
             .map_err(|source| LockError::redis(name, operation, source))
     }
 
-    /// `SET key token NX PX ttl` (`value` instead of the token if given):
-    /// what an uncontended lock costs. A retry (the first attempt's outcome
-    /// unknown) is the acquire script with `mine`, which recognises a lock
-    /// the first attempt took.
-    async fn set_if_free(
-        &self,
-        request: &AcquireRequest<'_>,
-        value: Option<&str>,
-    ) -> Result<Acquire, LockError> {
+    /// `SET key token NX PX ttl`: what an uncontended lock costs. A retry
+    /// (the first attempt's outcome unknown) is the acquire script with
+    /// `mine`, which recognises a lock the first attempt took.
+    async fn set_if_free(&self, request: &AcquireRequest<'_>) -> Result<Acquire, LockError> {
         let keys = request.keys;
-        let value = value.unwrap_or(request.token);
-        let bytes = keys.lock.len() + value.len() + 32;
+        let bytes = keys.lock.len() + request.token.len() + 32;
         let mut set = Cmd::with_capacity(6, bytes);
         set.arg("SET")
             .arg(&keys.lock)
-            .arg(value)
+            .arg(request.token)
             .arg("NX")
             .arg("PX")
             .arg(request.ttl_ms);
@@ -86,10 +80,6 @@ impl SingleNode {
                         mine: true,
                         ..*request
                     };
-                    if request.kind != Kind::Exclusive {
-                        let reply = self.shared_acquire_script(&mut connection, &retry, true);
-                        return Ok(shared::rw_outcome(&retry, &reply.await?));
-                    }
                     return self.acquire_script(&mut connection, &retry).await;
                 }
                 match set.query_async(&mut connection).await? {
@@ -180,17 +170,16 @@ impl Backend for SingleNode {
                 || request.fence_retention_ms.is_some()
                 || request.mine);
             match request.kind {
-                Kind::Exclusive if plain => return self.set_if_free(&request, None).await,
+                Kind::Exclusive if plain => return self.set_if_free(&request).await,
                 Kind::Exclusive => {}
                 Kind::Read if plain => {
-                    let value = format!("r:{}", request.token);
-                    let outcome = self.set_if_free(&request, Some(&value)).await?;
-                    if let Acquire::Acquired { .. } = outcome {
-                        return Ok(outcome);
+                    if let Some(acquired) = self.lone_reader(&request).await? {
+                        return Ok(acquired);
                     }
-                    // Someone holds the writer key: a writer, another lone
-                    // reader (this one then shares the ZSET), or the gate of
-                    // queued waiters. The script decides.
+                    // Someone holds the writer key (a writer, another lone
+                    // reader: this one then shares the ZSET, or the gate of
+                    // queued waiters), or waiters are queued. The script
+                    // decides.
                     return self.acquire_shared(&request).await;
                 }
                 _ => return self.acquire_shared(&request).await,

@@ -104,7 +104,9 @@ if writer_holds(held) then
 elseif mode == 'w' then
   local readers = redis.call('ZRANGE', KEYS[2], '-1', '-1', 'WITHSCORES')
   local last = -1
-  if lone_reader(held) then last = redis.call('PTTL', KEYS[1]) end
+  -- (never -1: a lone reader's key always has a ttl; were it without, it
+  -- would still block)
+  if lone_reader(held) then last = math.max(redis.call('PTTL', KEYS[1]), 0) end
   if readers[1] then last = math.max(last, tonumber(readers[2]) - now_ms()) end
   if last >= 0 then
     hint = last

@@ -9,15 +9,19 @@
 --        deleted, and nobody is woken; a kept writer key no longer answers to
 --        the token, so a late renewal extends nothing).
 -- Returns 1 released (or, with keep_ms > 0, already kept by an earlier
---         attempt of this release), 0 the share was gone or expired (lost),
---         -1 the writer key holds another token (left untouched).
+--         attempt of this release), 0 the share was gone or expired (lost;
+--         for a writer, also when the key is the gate: it expired, then
+--         waiters closed the gate), -1 the writer key holds another token
+--         (left untouched).
 --
 -- A read release only deletes the writer key when it holds the caller's own
 -- `r:<token>` (a lone reader); otherwise it only touches the readers key. An
 -- unknown or expired share creates no key. A lone reader released while
 -- nobody is queued is GET + EXISTS + DEL.
 --
--- Wake (after a release that freed something): see wake() in rw_state.lua.
+-- Wake (after a release that freed something): see wake() in rw_state.lua;
+-- then settle(), after wake() has dropped dead waiters (with only dead
+-- waiters left, no gate stays behind).
 -- A read release that leaves live readers behind a queued writer wakes
 -- nobody. The gate is then made to match the queue (settle).
 --
@@ -26,7 +30,8 @@
 local token = ARGV[2]
 local held = redis.call('GET', KEYS[1])
 if ARGV[1] == 'w' then
-  if held == false then return 0 end
+  -- gone, or gone and then the gate of the waiters: expired, not taken over
+  if held == false or held == 'q' then return 0 end
   local kept = 'kept:' .. token
   if held == kept then
     if tonumber(ARGV[3]) > 0 then return 1 end
@@ -39,16 +44,16 @@ if ARGV[1] == 'w' then
   end
   redis.call('DEL', KEYS[1])
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
-  settle()
   wake()
+  settle()
   return 1
 end
 
 if held == 'r:' .. token then
   redis.call('DEL', KEYS[1])
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
-  settle()
   wake()
+  settle()
   return 1
 end
 

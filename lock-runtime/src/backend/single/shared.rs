@@ -53,7 +53,70 @@ impl SingleNode {
         }
     }
 
-    pub(super) async fn shared_acquire_script(
+    /// The uncontended read: `SET <writer key> r:<token> NX PX ttl` (the
+    /// lone reader) with `EXISTS <queue>` in the same round trip. `None`
+    /// when the key was taken, or when waiters are queued: a writer key
+    /// that ended by its ttl (a writer's, a kept one's, a dead lone
+    /// reader's) leaves the queue without its gate until the next script,
+    /// and a reader must not pass a waiting writer through that gap; the
+    /// share is then given back at once (the release, which closes the
+    /// gate and wakes), and the caller runs the acquire script. A retry
+    /// (the first attempt's outcome unknown) is the acquire script with
+    /// `mine`, which recognises a share the first attempt took.
+    pub(super) async fn lone_reader(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Option<Acquire>, LockError> {
+        let keys = request.keys;
+        let value = format!("r:{}", request.token);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&keys.lock)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(request.ttl_ms)
+            .cmd("EXISTS")
+            .arg(keys.queue());
+        let pipe = &pipe;
+        let (set, queued) = self
+            .call(
+                keys.name(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    if attempt > 0 {
+                        let retry = AcquireRequest {
+                            mine: true,
+                            ..*request
+                        };
+                        let reply = self.shared_acquire_script(&mut connection, &retry, true);
+                        return Ok(match rw_outcome(&retry, &reply.await?) {
+                            acquired @ Acquire::Acquired { .. } => (Some(acquired), false),
+                            Acquire::Busy { .. } => (None, false),
+                        });
+                    }
+                    let (set, queued): (Option<String>, bool) =
+                        pipe.query_async(&mut connection).await?;
+                    let acquired = Acquire::Acquired {
+                        fence: None,
+                        found: None,
+                    };
+                    Ok((set.map(|_| acquired), queued))
+                },
+            )
+            .await?;
+        if set.is_some() && queued {
+            let give_back = |mut connection, _| async move {
+                self.release_shared(Kind::Read, keys, request.token, 0, &mut connection)
+                    .await
+            };
+            self.call(keys.name(), "acquire", give_back).await?;
+            return Ok(None);
+        }
+        Ok(set)
+    }
+
+    async fn shared_acquire_script(
         &self,
         connection: &mut ConnectionManager,
         request: &AcquireRequest<'_>,
