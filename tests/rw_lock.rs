@@ -551,9 +551,10 @@ async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
         redis(&server, &["EXISTS", "lock:{kept}:rw"]) == ":0\r\n"
     })
     .await;
-    // A reader arrives (try_acquire: the plain SET first) while the writer
-    // is still queued.
-    assert_eq!(redis(&server, &["LLEN", "lock:{kept}:rw:queue"]), ":1\r\n");
+    // A reader arrives (try_acquire: the plain SET first), usually while
+    // the writer is still queued (it may have got in already, when its
+    // last attempt slept until the kept key's end rather than until its
+    // 500 ms refresh: the order below holds either way).
     let read = lock
         .clone()
         .client(client(&server))
