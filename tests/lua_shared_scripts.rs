@@ -975,26 +975,22 @@ fn lone_reader_release_with_only_dead_waiters_leaves_no_gate() {
 /// writer.
 #[test]
 fn a_kept_writers_end_does_not_open_the_plain_read_to_a_queued_writer() {
-    let server = RedisServer::start();
-    let con = &mut connect(&server);
-    let w0 = Rw::write("w0");
-    assert_eq!(w0.acquire(con), [1, 0]);
-    let w1 = Rw::write("w1").on("cw");
-    assert_eq!(w1.acquire(con)[0], 0);
-    // w0 releases with hold_at_least = 50 ms
-    assert_eq!(eval::<i64>(con, RW_RELEASE, &RW, &["w", "w0", "50"]), 1);
-    wait_until("the kept hold ended", WAIT, || !exists(con, RW[0]));
-    assert!(exists(con, RW[2]), "w1 is still queued");
-    assert!(
-        !lone_read(con, "r9"),
-        "a plain reader passed the queued writer w1"
-    );
+    plain_read_refused_after_the_writer_key_ends(|con| {
+        // w0 releases with hold_at_least = 50 ms
+        assert_eq!(eval::<i64>(con, RW_RELEASE, &RW, &["w", "w0", "50"]), 1);
+    });
 }
 
 /// The same after a writer's key expires (a writer that died or overran
 /// its ttl).
 #[test]
 fn an_expired_writer_does_not_open_the_plain_read_to_a_queued_writer() {
+    plain_read_refused_after_the_writer_key_ends(|_| {});
+}
+
+/// w0 holds (50 ms ttl), w1 queues behind it, `end` runs; once w0's key is
+/// gone by its ttl alone (no script ran), a plain read is refused.
+fn plain_read_refused_after_the_writer_key_ends(end: impl FnOnce(&mut Connection)) {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     let w0 = Rw {
@@ -1004,7 +1000,8 @@ fn an_expired_writer_does_not_open_the_plain_read_to_a_queued_writer() {
     assert_eq!(w0.acquire(con), [1, 0]);
     let w1 = Rw::write("w1").on("cw");
     assert_eq!(w1.acquire(con)[0], 0);
-    wait_until("w0 expired", WAIT, || !exists(con, RW[0]));
+    end(con);
+    wait_until("w0's key ended", WAIT, || !exists(con, RW[0]));
     assert!(exists(con, RW[2]), "w1 is still queued");
     assert!(
         !lone_read(con, "r9"),
