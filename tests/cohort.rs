@@ -361,11 +361,11 @@ fn a_guard_dropped_at_runtime_shutdown_leaves_the_client_usable() {
 
 /// A pass that Redis refuses (the key was no longer the passer's: here
 /// another holder's token, as after a failover that lost the key) does not
-/// start the task it was meant for: that task goes to Redis and waits there
-/// while the other holder has the key, and the other holder's key is left
-/// alone.
+/// start a task that wants a fencing token (it starts on the reply): that
+/// task goes to Redis and waits there while the other holder has the key,
+/// and the other holder's key is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_redis_refuses_does_not_start_the_next_task() {
+async fn a_pass_redis_refuses_does_not_start_a_fencing_task() {
     let server = RedisServer::start();
     let client = client(&server);
     let holder = cohort_holder(&server, &client, "refused", Duration::from_secs(30)).await;
@@ -374,6 +374,7 @@ async fn a_pass_redis_refuses_does_not_start_the_next_task() {
         let lock = Lock::new("refused")
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30))
+            .fencing()
             .client(client.clone());
         async move {
             lock.run(async {
@@ -407,10 +408,64 @@ async fn a_pass_redis_refuses_does_not_start_the_next_task() {
     waiter.await.unwrap().unwrap();
 }
 
+/// The same refused pass with an early start (no fencing): the task started
+/// at once, under the passer's lease, is told it lost the lock as soon as
+/// the refusal is in (its renewed body stopped), and the other holder's key
+/// is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_redis_refuses_stops_the_task_started_early() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = cohort_holder(&server, &client, "refused-early", Duration::from_secs(30)).await;
+    let (told, started) = tokio::sync::oneshot::channel();
+    let waiter = tokio::spawn({
+        let lock = Lock::new("refused-early")
+            .ttl(Duration::from_secs(30))
+            .renew()
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            lock.run(async {
+                let _ = told.send(());
+                std::future::pending::<()>().await
+            })
+            .await
+        }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("refused-early") == 1
+    })
+    .await;
+    redis(&server, &["SET", "lock:{refused-early}", "intruder"]);
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    started.await.unwrap();
+    let outcome = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("the task started early is stopped once the pass is refused")
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                cause: lock_runtime::LostCause::TakenOver,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    let held = value(&redis(&server, &["GET", "lock:{refused-early}"])).unwrap();
+    assert_eq!(held, "intruder");
+}
+
 /// A local waiter cancelled while the lock is being passed to it (the
 /// `HANDOFF` is under way: here Redis is stopped with SIGSTOP meanwhile)
 /// has not taken it: the pass, once Redis answers, is passed on or
-/// released, so no lock is left held by nobody until its ttl.
+/// released, so no lock is left held by nobody until its ttl. (A waiter
+/// that wants a fencing token: without one the lock is its own at once,
+/// the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind() {
     let server = RedisServer::start();
@@ -420,6 +475,7 @@ async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind
         let lock = Lock::new("cancelled")
             .ttl(Duration::from_secs(60))
             .wait(Duration::from_secs(30))
+            .fencing()
             .client(client.clone());
         async move { lock.acquire().await.unwrap() }
     });
@@ -450,5 +506,51 @@ async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind
     .await;
     let again = Lock::new("cancelled").client(client.clone());
     again.try_acquire().await.unwrap().release().await.unwrap();
-    assert_eq!(redis(&server, &["DBSIZE"]), ":0\r\n");
+    assert_eq!(redis(&server, &["EXISTS", "lock:{cancelled}"]), ":0\r\n");
+}
+
+/// A lock passed early (the `HANDOFF` in flight, Redis stopped with SIGSTOP)
+/// and dropped by its new holder at once: nothing is sent with its token
+/// before the `HANDOFF`'s answer, and once Redis answers the lock is
+/// released, not left held by nobody until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_passed_early_and_dropped_at_once_is_released_once_redis_answers() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let holder = cohort_holder(&server, &client, "early-drop", Duration::from_secs(60)).await;
+    let waiter = tokio::spawn({
+        let lock = Lock::new("early-drop")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process("early-drop") == 1
+    })
+    .await;
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &server.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let release = tokio::spawn(holder.release());
+    // Passed early: the guard comes while Redis is stopped.
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("an early pass does not wait for Redis")
+        .unwrap();
+    assert!(guard.is_held());
+    drop(guard);
+    signal("-CONT");
+    release.await.unwrap().unwrap();
+    wait_until_async("the lock is free", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{early-drop}"]) == ":0\r\n"
+    })
+    .await;
+    let again = Lock::new("early-drop").client(client.clone());
+    again.try_acquire().await.unwrap().release().await.unwrap();
 }

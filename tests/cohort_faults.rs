@@ -299,3 +299,50 @@ fn a_pass_dropped_unsettled_does_not_hang_the_next_holder() {
         "the next holder's release hung waiting for a pass nobody settles"
     );
 }
+
+/// A task passed the lock early releases it while the `HANDOFF` is stuck
+/// (its connection stalls, then breaks, and both are retried on a fresh
+/// one): its release waits for the `HANDOFF`'s outcome, so it is told the
+/// truth (released) and the key is free at once, not left with either
+/// token until its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_a_lock_passed_early_waits_for_its_handoff() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(Config::new(proxy.url())).unwrap();
+    let key = "early-release";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
+    let waiter = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 1
+    })
+    .await;
+    proxy.stall();
+    let passing = tokio::spawn(holder.release());
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("passed early, while the connection stalls")
+        .unwrap();
+    let releasing = tokio::spawn(guard.release());
+    // Give the release time to be sent (or to wait), then break the stalled
+    // connection: whatever was sent on it is retried on a fresh one.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.drop_all();
+    proxy.resume();
+    let released = tokio::time::timeout(LINE_TIMEOUT, releasing)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(released.is_ok(), "{released:?}");
+    let _ = tokio::time::timeout(LINE_TIMEOUT, passing).await;
+    wait_until_async("the lock is free", Duration::from_secs(2), || {
+        redis(&server, &["EXISTS", "lock:{early-release}"]) == ":0\r\n"
+    })
+    .await;
+}

@@ -7,7 +7,7 @@ use crate::backend::wait_for;
 use crate::backend::{retryable, Acquire, AcquireRequest, Kind};
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::lease::cohort::{wait_for_pass, Joined, Passed};
+use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
 use crate::lease::guard::{LockGuard, OnLost};
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::local_handoff::pass_on;
@@ -133,12 +133,7 @@ impl Drop for Queued<'_> {
         // Closed first: a pass sent from now on fails, and its sender
         // passes the lock on; one sent before is here.
         self.receiver.close();
-        if let Ok(Passed::Lock { token, sent_at, .. }) = self.receiver.try_recv() {
-            let hold = Hold::new(Acquired {
-                hold_at_least: None,
-                renewed: false,
-                ..acquisition.acquired(token, sent_at, None)
-            });
+        if let Ok(Passed::Lock(hold)) = self.receiver.try_recv() {
             acquisition
                 .core
                 .cohorts()
@@ -246,10 +241,9 @@ impl Acquisition<'_> {
     ) -> Result<Cohort<'_>, LockError> {
         let cohorts = self.core.cohorts();
         let key = &self.keys.lock;
-        let fencing = self.settings.fencing;
         let mut dissolved = false;
         loop {
-            let (receiver, id, generation) = match cohorts.join(key, self.ttl_ms, fencing) {
+            let (receiver, id, generation) = match cohorts.join(key, self.wants()) {
                 Joined::Representative(generation) => {
                     return Ok(Cohort::Representative(Representative {
                         acquisition: self,
@@ -270,13 +264,10 @@ impl Acquisition<'_> {
                 deadline.saturating_duration_since(Instant::now())
             });
             match wait_for_pass(cohorts, key, generation, &mut queued.receiver, left).await {
-                Some(Passed::Lock {
-                    token,
-                    sent_at,
-                    fence,
-                }) => {
+                Some(Passed::Lock(hold)) => {
                     queued.id = u64::MAX; // nothing to leave
-                    let mut guard = self.guard(token, sent_at, None, fence, false);
+                    tracing::debug!(lock = %self.name, fencing_token = ?hold.fencing_token, "acquired (passed in the process)");
+                    let mut guard = self.guard_for(hold);
                     cohorts.holds(key, generation, guard.hold());
                     guard.cohort = Some(generation);
                     return Ok(Cohort::Passed(guard));
@@ -412,18 +403,36 @@ impl Acquisition<'_> {
         fencing_token: Option<u64>,
         linger: bool,
     ) -> LockGuard {
-        let settings = &self.settings;
         tracing::debug!(lock = %self.name, ?fencing_token, "acquired");
-        let hold = Hold::new(Acquired {
+        self.guard_for(Hold::new(Acquired {
             linger,
             expires_by,
             ..self.acquired(token, sent_at, fencing_token)
-        });
+        }))
+    }
+
+    /// The guard of `hold`, made for this acquisition: renewed when asked.
+    fn guard_for(&self, hold: Arc<Hold>) -> LockGuard {
+        let settings = &self.settings;
         let renewal = settings.renew.then(|| {
-            let renew_until = settings.max_hold.map(|max_hold| sent_at + max_hold);
+            let renew_until = settings
+                .max_hold
+                .map(|max_hold| hold.acquired_at + max_hold);
             self.core.renewer().register(Arc::clone(&hold), renew_until)
         });
         LockGuard::new(hold, renewal)
+    }
+
+    /// What a hold passed to this acquisition in the process is made with.
+    fn wants(&self) -> Wants {
+        let settings = &self.settings;
+        Wants {
+            ttl: settings.ttl,
+            fencing: settings.fencing,
+            renewed: settings.renew,
+            stop_on_loss: settings.on_lost == OnLost::Stop,
+            hold_at_least: settings.hold_at_least,
+        }
     }
 
     fn acquired(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> Acquired {
@@ -442,6 +451,7 @@ impl Acquisition<'_> {
             stop_on_loss: settings.on_lost == OnLost::Stop,
             linger: false,
             expires_by: None,
+            settled: None,
         }
     }
 

@@ -7,6 +7,17 @@
 //! instead of a release, a pub/sub message and an acquire. The next holder
 //! gets its own token, ttl, renewal and (when asked) fencing token.
 //!
+//! Without `fencing`, the next holder starts at once, while the `HANDOFF`
+//! is in flight ("early pass"): until it is confirmed the key holds the
+//! passing holder's token, which this client owns, so the next holder runs
+//! under that holder's validity (capped by its own ttl from the pass), and
+//! nothing is sent with its token before the outcome is known. A confirmed
+//! `HANDOFF` extends its validity to its own ttl; a refused one (the
+//! passing holder's key was gone or another's, which only a lost write or a
+//! deleted key can cause within its validity) marks it lost. A fencing
+//! token is only known from the reply, so with `fencing` the next holder
+//! starts when the reply is in.
+//!
 //! Other processes are not starved: while the lock's wake mark shows
 //! waiters of other clients queued in Redis, a holder passes it on locally
 //! at most [`MAX_PASSES_WHILE_QUEUED`] times in a row; then it releases it
@@ -61,11 +72,20 @@ struct Cohort {
 /// holds or waits for.
 pub(crate) struct Waiter {
     id: u64,
-    /// The waiter's ttl and whether it wants a fencing token: what the hold
-    /// passed to it is made with.
-    pub(crate) ttl_ms: u64,
-    pub(crate) fencing: bool,
+    /// What the hold passed to it is made with.
+    pub(crate) wants: Wants,
     sender: oneshot::Sender<Passed>,
+}
+
+/// What a local waiter asked of its lock: the hold passed to it is made
+/// with these.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wants {
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+    pub(crate) renewed: bool,
+    pub(crate) stop_on_loss: bool,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 impl Waiter {
@@ -76,15 +96,10 @@ impl Waiter {
 }
 
 /// What a local waiter is told.
-#[derive(Debug)]
 pub(crate) enum Passed {
-    /// The lock is its own: this token is in the key, set at `sent_at` with
-    /// its ttl.
-    Lock {
-        token: String,
-        sent_at: Instant,
-        fence: Option<u64>,
-    },
+    /// The lock is its own, this hold (made with its [`Wants`]); maybe with
+    /// its `HANDOFF` still in flight (an early pass, see the module's docs).
+    Lock(Arc<Hold>),
     /// No local hand-off: try through Redis.
     Redis,
 }
@@ -143,7 +158,7 @@ impl Cohorts {
     }
 
     /// Joins the cohort of `key`.
-    pub(crate) fn join(&self, key: &str, ttl_ms: u64, fencing: bool) -> Joined {
+    pub(crate) fn join(&self, key: &str, wants: Wants) -> Joined {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut by_key = self.by_key();
         match by_key.get_mut(key) {
@@ -162,12 +177,7 @@ impl Cohorts {
             }
             Some(cohort) => {
                 let (sender, receiver) = oneshot::channel();
-                cohort.waiters.push_back(Waiter {
-                    id,
-                    ttl_ms,
-                    fencing,
-                    sender,
-                });
+                cohort.waiters.push_back(Waiter { id, wants, sender });
                 Joined::Queued(receiver, id, cohort.generation)
             }
         }

@@ -185,10 +185,16 @@ impl LockGuard {
                     // In its own task, so that a cancelled `release()` cannot
                     // stop a hand-off halfway (the next holder would never be
                     // told); the cohort ends if that task is dropped unrun.
+                    //
+                    // The guard is disarmed first: the pass takes care of
+                    // the token (the next holder may already run under it,
+                    // so a cancelled `release()` must not release it).
                     Next::Pass(waiter) => {
+                        self.armed = false;
+                        self.cohort = None;
                         let dissolve = DissolveOnDrop::new(&hold, generation);
                         let passing = pass_to(Arc::clone(&hold), generation, waiter);
-                        tokio::spawn(async move {
+                        return tokio::spawn(async move {
                             let result = passing.await;
                             dissolve.disarm();
                             result
@@ -199,7 +205,7 @@ impl LockGuard {
                                 "the hand-off task was cancelled (its runtime is shutting \
                                  down); the lock frees itself when its ttl passes",
                             ))
-                        })
+                        });
                     }
                     Next::Release => {
                         // A cancelled release ends the cohort in Drop.
@@ -220,7 +226,7 @@ impl LockGuard {
         // `self` still armed, and Drop releases in the background.
         self.armed = false;
         match result {
-            Ok(()) | Err(LockError::Lost { .. }) if hold.linger => {
+            Ok(()) | Err(LockError::Lost { .. }) if hold.linger() => {
                 spawn_release(Arc::clone(&hold), true);
                 result
             }

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::futures::OwnedNotified;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use super::Core;
 use crate::backend::Kind;
@@ -64,8 +64,14 @@ pub(crate) struct Acquired {
     /// replaced connection may still reach Redis later.
     pub(crate) linger: bool,
     /// The key expires no earlier than this (known when the lock was found
-    /// already taken with its token, with its remaining ttl).
+    /// already taken with its token, with its remaining ttl, or, for a lock
+    /// passed in the process before its `HANDOFF` is confirmed, from the
+    /// passing holder's validity).
     pub(crate) expires_by: Option<Instant>,
+    /// For a lock passed in the process while its `HANDOFF` is in flight:
+    /// turns `true` once the outcome is applied to the hold. Nothing is sent
+    /// to Redis with the token before that.
+    pub(crate) settled: Option<watch::Receiver<bool>>,
 }
 
 pub(crate) struct Hold {
@@ -92,7 +98,11 @@ pub(crate) struct Hold {
     /// An acquire attempt with this token timed out, so a copy of it may
     /// still reach Redis (from the stalled connection) after the release:
     /// releases keep checking for the token while the lock could live.
-    pub(crate) linger: bool,
+    /// Also set when the outcome of the `HANDOFF` that passed this lock in
+    /// the process is unknown.
+    linger: AtomicBool,
+    /// See [`Acquired::settled`].
+    settled: Option<watch::Receiver<bool>>,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -126,6 +136,7 @@ impl Hold {
             stop_on_loss,
             linger,
             expires_by,
+            settled,
         } = acquired;
         let expiry = expires_by.map_or(sent_at + ttl, |by| by.min(sent_at + ttl));
         let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
@@ -141,12 +152,40 @@ impl Hold {
             fencing_token,
             hold_at_least,
             stop_on_loss: renewed && stop_on_loss,
-            linger,
+            linger: AtomicBool::new(linger),
+            settled,
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
         })
+    }
+
+    /// Whether a copy of a command with this token may still reach Redis
+    /// after the release (see the field).
+    pub(crate) fn linger(&self) -> bool {
+        self.linger.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_linger(&self) {
+        self.linger.store(true, Ordering::Release);
+    }
+
+    /// Waits until the `HANDOFF` that passed this lock in the process (if it
+    /// was) has its outcome applied: called before anything is sent with the
+    /// token, so that it never reaches Redis before the token is there.
+    pub(crate) async fn settled(&self) {
+        if let Some(settled) = &self.settled {
+            // A dropped sender (its task cancelled) settles it too.
+            let _ = settled.clone().wait_for(|settled| *settled).await;
+        }
+    }
+
+    /// Whether [`settled`](Hold::settled) would return at once.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled
+            .as_ref()
+            .is_none_or(|settled| *settled.borrow() || settled.has_changed().is_err())
     }
 
     /// Whether this holds the same lock (same Redis, same key) as `other`.

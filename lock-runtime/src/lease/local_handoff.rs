@@ -3,14 +3,15 @@
 //! released through Redis.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::future::BoxFuture;
+use tokio::sync::watch;
 
 use crate::backend::{Found, Pass};
 use crate::error::{LockError, LostCause};
-use crate::lease::cohort::{Next, Passed, Waiter};
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
+use crate::lease::cohort::{Next, Passed, Waiter, Wants};
+use crate::lease::hold::{drift_margin, fence_retention_ms, Acquired, Hold};
 use crate::lease::release::{release, spawn_release};
 
 use crate::token::new_token;
@@ -20,13 +21,22 @@ use crate::token::new_token;
 /// it, with one `HANDOFF` (the next holder's own token and ttl); or, when
 /// others wait in Redis and had their share, releases it and then ends the
 /// cohort; or, with nobody waiting here, releases it.
+/// Leaves nothing to its caller: a release that fails goes on in the
+/// background, one after a timed-out attempt lingers (see [`pass_to`] for
+/// a pass).
 fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
-        match next_step(&hold, generation) {
-            Next::Pass(waiter) => pass_to(hold, generation, waiter).await,
+        let result = match next_step(&hold, generation) {
+            Next::Pass(waiter) => return pass_to(hold, generation, waiter).await,
             Next::Release => release_then_dissolve(&hold, generation).await,
             Next::Alone => release(&hold, false).await,
+        };
+        match &result {
+            Err(LockError::Redis { .. }) => spawn_release(hold, true),
+            _ if hold.linger() => spawn_release(hold, true),
+            _ => {}
         }
+        result
     })
 }
 
@@ -96,82 +106,199 @@ pub(crate) fn pass_on(hold: Arc<Hold>, generation: u64) {
     };
     let dissolve = DissolveOnDrop::new(&hold, generation);
     runtime.spawn(async move {
-        let result = pass_or_release(Arc::clone(&hold), generation).await;
+        // Its failures are taken care of (and reported by the background
+        // release when it gives up): nobody is left to tell.
+        let _ = pass_or_release(hold, generation).await;
         dissolve.disarm();
-        match result {
-            Err(LockError::Redis { .. }) => spawn_release(hold, true),
-            _ if hold.linger => spawn_release(hold, true),
-            _ => {}
-        }
     });
 }
 
-/// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]).
+/// Passes `hold`'s lock to `waiter` (see [`pass_or_release`]): early (the
+/// waiter starts at once, see `cohort.rs`) when it wants no fencing token
+/// and `hold` is valid for at least half the waiter's ttl; else after the
+/// `HANDOFF` reply. Leaves nothing to its caller: whatever `hold`'s token
+/// still needs (a background release after an unanswered `HANDOFF`, a
+/// lingering one) is started here, and never while the next holder may run
+/// under that token.
 pub(crate) fn pass_to(
     hold: Arc<Hold>,
     generation: u64,
     waiter: Waiter,
 ) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
-        let core = Arc::clone(&hold.core);
-        let cohorts = core.cohorts();
+        // A hold passed early itself: its token must be in the key first.
+        hold.settled().await;
+        let cohorts = hold.core.cohorts();
         let key = &hold.keys.lock;
         let token = match new_token() {
             Ok(token) => token,
             Err(error) => {
                 let _ = waiter.send(Passed::Redis);
                 cohorts.dissolve(key, generation);
-                release(&hold, false).await?;
+                if let Err(LockError::Redis { .. }) = release(&hold, false).await {
+                    spawn_release(hold, true);
+                }
                 return Err(error);
             }
         };
-        let ttl_ms = waiter.ttl_ms;
+        let wants = waiter.wants;
         let sent_at = Instant::now();
-        let next = |linger| {
-            Hold::new(Acquired {
-                core: Arc::clone(&core),
-                kind: hold.kind,
-                keys: hold.keys.clone(),
-                token: token.clone(),
-                ttl: Duration::from_millis(ttl_ms),
-                renewed: false,
-                sent_at,
-                confirmed_at: Instant::now(),
-                fencing_token: None,
-                hold_at_least: None,
-                stop_on_loss: false,
-                linger,
-                expires_by: None,
-            })
-        };
-        match handoff(&hold, &token, ttl_ms, waiter.fencing).await {
-            Ok((fence, queued)) => {
-                cohorts.passed(key, generation, queued);
-                let passed = Passed::Lock {
-                    token: token.clone(),
-                    sent_at,
-                    fence,
-                };
-                if waiter.send(passed).is_err() {
-                    // The waiter gave up meanwhile: the lock holds a token
-                    // nobody has; pass it on, or release it.
-                    let orphan = next(false);
-                    cohorts.holds(key, generation, &orphan);
-                    pass_on(orphan, generation);
-                }
-                Ok(())
-            }
-            Err(error) => {
-                let _ = waiter.send(Passed::Redis);
-                cohorts.dissolve(key, generation);
-                if let LockError::Redis { .. } = error {
-                    // Unknown outcome: the key may hold the next token.
-                    spawn_release(next(true), true);
-                }
-                Err(error)
-            }
+        // `hold` is marked released by now: any other loss it knows of, or
+        // too little validity left, and the waiter waits for the reply.
+        let valid_for = hold.valid_until().saturating_duration_since(sent_at);
+        let early = !wants.fencing
+            && matches!(hold.reported_loss(), None | Some(LostCause::Released))
+            && valid_for >= wants.ttl / 2;
+        if early {
+            pass_early(hold, generation, waiter, token, sent_at).await
+        } else {
+            pass_confirmed(hold, generation, waiter, token, sent_at).await
         }
     })
+}
+
+/// The hold `hold` passes to a waiter that wants `wants`, with `token`,
+/// its `HANDOFF` sent at `sent_at`.
+fn next_hold(
+    hold: &Hold,
+    wants: Wants,
+    token: String,
+    sent_at: Instant,
+    fence: Option<u64>,
+    early: Option<watch::Receiver<bool>>,
+) -> Arc<Hold> {
+    Hold::new(Acquired {
+        core: Arc::clone(&hold.core),
+        kind: hold.kind,
+        keys: hold.keys.clone(),
+        token,
+        ttl: wants.ttl,
+        renewed: wants.renewed,
+        sent_at,
+        confirmed_at: Instant::now(),
+        fencing_token: fence,
+        hold_at_least: wants.hold_at_least,
+        stop_on_loss: wants.stop_on_loss,
+        linger: false,
+        // Until its `HANDOFF` is confirmed, the key holds `hold`'s token:
+        // it lives as long as `hold` is valid.
+        expires_by: early
+            .is_some()
+            .then(|| hold.valid_until() + drift_margin(wants.ttl)),
+        settled: early,
+    })
+}
+
+/// After a pass Redis answered, `hold`'s token is not in the key: if an
+/// attempt of its acquisition timed out (a copy may still land), keep
+/// checking for it.
+fn linger_after_pass(hold: Arc<Hold>) {
+    if hold.linger() {
+        spawn_release(hold, true);
+    }
+}
+
+/// What a hold nobody runs under is made with: not renewed, kept no longer
+/// than its release.
+fn orphaned(wants: Wants) -> Wants {
+    Wants {
+        renewed: false,
+        stop_on_loss: false,
+        hold_at_least: None,
+        ..wants
+    }
+}
+
+/// The waiter starts now; the `HANDOFF` follows, and its outcome is applied
+/// to the waiter's hold before anything else is sent with its token.
+async fn pass_early(
+    hold: Arc<Hold>,
+    generation: u64,
+    waiter: Waiter,
+    token: String,
+    sent_at: Instant,
+) -> Result<(), LockError> {
+    let cohorts = hold.core.cohorts();
+    let key = &hold.keys.lock;
+    let (settle, settled) = watch::channel(false);
+    let next = next_hold(&hold, waiter.wants, token, sent_at, None, Some(settled));
+    if waiter.send(Passed::Lock(Arc::clone(&next))).is_err() {
+        // Gone before anything was sent: the next one, or a release.
+        return pass_or_release(hold, generation).await;
+    }
+    let outcome = handoff(&hold, &next.token, next.ttl.as_millis() as u64, false).await;
+    let result = match outcome {
+        Ok((_, queued)) => {
+            next.extend(sent_at);
+            cohorts.passed(key, generation, queued);
+            linger_after_pass(hold);
+            Ok(())
+        }
+        Err(LockError::Lost { key, cause }) => {
+            next.mark_lost(cause);
+            linger_after_pass(hold);
+            Err(LockError::Lost { key, cause })
+        }
+        Err(error) => {
+            // Unknown outcome, after retries on a fresh connection: the key
+            // holds one of the two tokens, or a copy of the `HANDOFF` may
+            // still land. The next holder keeps `hold`'s validity unless its
+            // renewal confirms its own token; its release lingers. `hold`'s
+            // token must not be released (the next holder may run under it).
+            next.set_linger();
+            tracing::warn!(
+                lock = %hold.name(), %error,
+                "in-process hand-off unconfirmed: the next holder keeps its predecessor's validity"
+            );
+            Ok(())
+        }
+    };
+    let _ = settle.send(true);
+    result
+}
+
+/// The `HANDOFF` first, then the waiter is told (with its fencing token).
+async fn pass_confirmed(
+    hold: Arc<Hold>,
+    generation: u64,
+    waiter: Waiter,
+    token: String,
+    sent_at: Instant,
+) -> Result<(), LockError> {
+    let cohorts = hold.core.cohorts();
+    let key = &hold.keys.lock;
+    let wants = waiter.wants;
+    let ttl_ms = wants.ttl.as_millis() as u64;
+    match handoff(&hold, &token, ttl_ms, wants.fencing).await {
+        Ok((fence, queued)) => {
+            cohorts.passed(key, generation, queued);
+            linger_after_pass(Arc::clone(&hold));
+            let next = next_hold(&hold, wants, token.clone(), sent_at, fence, None);
+            if waiter.send(Passed::Lock(next)).is_err() {
+                // The waiter gave up meanwhile: the lock holds a token
+                // nobody has; pass it on, or release it.
+                let orphan = next_hold(&hold, orphaned(wants), token, sent_at, None, None);
+                cohorts.holds(key, generation, &orphan);
+                pass_on(orphan, generation);
+            }
+            Ok(())
+        }
+        Err(error) => {
+            let _ = waiter.send(Passed::Redis);
+            cohorts.dissolve(key, generation);
+            match &error {
+                LockError::Redis { .. } => {
+                    // Unknown outcome: the key may hold either token.
+                    let orphan = next_hold(&hold, orphaned(wants), token, sent_at, None, None);
+                    orphan.set_linger();
+                    spawn_release(orphan, true);
+                    spawn_release(hold, true);
+                }
+                _ => linger_after_pass(hold),
+            }
+            Err(error)
+        }
+    }
 }
 
 /// One `HANDOFF` round trip: the lock goes from `hold` to `next`, with the

@@ -18,6 +18,7 @@ use crate::lease::hold::{drift_margin, Hold};
 /// the key gone or another holder's token in it while the lock was still
 /// valid means that earlier release did its work: not a loss.
 pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
+    hold.settled().await;
     let keep_ms = hold.keep_for().as_millis() as u64;
     let reply = hold
         .core
@@ -84,7 +85,7 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
                     if failures > 0 {
                         tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
                     }
-                    if hold.linger {
+                    if hold.linger() {
                         linger(&hold, until).await;
                     }
                     return;

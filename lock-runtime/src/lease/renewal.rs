@@ -236,6 +236,7 @@ impl Renewer {
         let mut guard = self.registry();
         let registry = &mut *guard;
         let mut batch = Vec::new();
+        let mut unsettled = Vec::new();
         while let Some(&(at, id)) = registry.due.first() {
             let Some(entry) = registry.entries.get_mut(&id) else {
                 registry.due.pop_first();
@@ -257,10 +258,18 @@ impl Renewer {
                 registry.remove(id);
                 continue;
             }
+            if !entry.hold.is_settled() {
+                // Passed in the process, its `HANDOFF` still in flight: its
+                // token may not be in the key yet.
+                unsettled.push((id, now + retry_delay(entry.hold.ttl)));
+                continue;
+            }
 
             batch.push((id, Arc::clone(&entry.hold)));
         }
-
+        for (id, at) in unsettled {
+            registry.schedule(id, at);
+        }
         (batch, registry.due.first().map(|&(at, _)| at))
     }
 
