@@ -1,8 +1,9 @@
 //! In-process hand-off under faults: the task a lock is passed to never runs
 //! while another client holds the key or may take it, and a pass that does
-//! not complete never leaves the next holder hanging. (Written by a review
-//! of an "early pass" that woke the next task before the HANDOFF reply: each
-//! failed with it, and the early pass was withdrawn; see docs/design.md §4.)
+//! not complete never leaves the next holder hanging. (The first four were
+//! written by a review of a first "early pass", which woke the next task
+//! before the HANDOFF reply: each failed with it, and it was withdrawn; the
+//! early pass of today answers them; see docs/design.md §4.)
 
 mod common;
 use common::*;
