@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Makes sure a redis-server binary is available, installing Debian's package
-# when it is missing. It starts nothing: the tests and the demo start their
+# Makes sure redis-server and redis-cli (which the cluster tests use to
+# create and reshard their clusters) are available, installing Debian's
+# packages when they are missing. It starts nothing: the tests and the demo start their
 # own private servers on free loopback ports and stop them afterwards.
 set -euo pipefail
 
-if [ -n "${REDIS_SERVER:-}" ] || command -v redis-server >/dev/null 2>&1; then
+if { [ -n "${REDIS_SERVER:-}" ] || command -v redis-server >/dev/null 2>&1; } &&
+   { [ -n "${REDIS_CLI:-}" ] || command -v redis-cli >/dev/null 2>&1; }; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-  echo "redis-server is missing and this is not a Debian-like system: install Redis" \
+  echo "redis-server or redis-cli is missing and this is not a Debian-like system: install Redis" \
        "(version 6.2 or later) and put redis-server on PATH, or set REDIS_SERVER." >&2
   exit 1
 fi
@@ -16,12 +18,13 @@ sudo=""
 if [ "$(id -u)" -ne 0 ]; then
   if ! command -v sudo >/dev/null 2>&1; then
     echo "redis-server is missing; install it as root with:" >&2
-    echo "  apt-get update && apt-get install -y redis-server" >&2
+    echo "  apt-get update && apt-get install -y redis-server redis-tools" >&2
     exit 1
   fi
   sudo="sudo"
 fi
-echo "redis-server not found: installing Debian's redis-server package" >&2
+echo "redis-server or redis-cli not found: installing Debian's redis-server and redis-tools packages" >&2
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
 command -v redis-server >/dev/null
+command -v redis-cli >/dev/null

@@ -135,9 +135,12 @@ fn parse<T: std::str::FromStr>(text: &str) -> T {
 }
 
 /// A connection of its own for the test's bookkeeping, separate from the
-/// lock's client.
+/// lock's client: to `BOOKKEEPING_URL` when set (a plain server beside the
+/// cluster the locks are on), else to `REDIS_URL`.
 async fn bookkeeping() -> Redis {
-    let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
+    let url = std::env::var("BOOKKEEPING_URL")
+        .or_else(|_| std::env::var("REDIS_URL"))
+        .expect("REDIS_URL is set by the test");
     redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()

@@ -6,9 +6,10 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
+use redis::cluster::ClusterClientBuilder;
 
 use crate::backend::Notifier;
-use crate::backend::SingleNode;
+use crate::backend::{RedisBackend, Target};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
@@ -24,6 +25,9 @@ pub const REDIS_URL_ENV: &str = "REDIS_URL";
 #[derive(Clone)]
 pub struct Config {
     url: String,
+    /// A Redis Cluster's seed nodes (the first is `url`); empty for one
+    /// server.
+    cluster: Vec<String>,
     connect_timeout: Duration,
     response_timeout: Duration,
     key_prefix: String,
@@ -39,13 +43,45 @@ impl Config {
 
     /// A configuration for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
     /// `rediss://` for TLS when the `redis` crate's TLS feature is on, `redis+unix:///path`).
+    ///
+    /// A Redis Cluster is named by its seed nodes with
+    /// `redis-cluster://[user:password@]host1:port1,host2:port2,...`
+    /// (`rediss-cluster://` for TLS), as [`Config::cluster`] does; this
+    /// form also works in `REDIS_URL` and [`init`].
     pub fn new(url: impl Into<String>) -> Self {
+        let url = url.into();
+        if let Some(seeds) = cluster_seeds(&url) {
+            return Config::cluster(seeds);
+        }
         Config {
-            url: url.into(),
+            url,
+            cluster: Vec::new(),
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
         }
+    }
+
+    /// A configuration for the Redis Cluster with these seed nodes (URLs as
+    /// for [`Config::new`]; any reachable primary or replica will do, the
+    /// client learns the rest of the cluster from it). Everything else (the
+    /// attribute, the manual API, the process-wide client) is unchanged.
+    /// Needs Redis 7 or later (sharded pub/sub wakes waiters).
+    pub fn cluster<I, S>(seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let seeds: Vec<String> = seeds.into_iter().map(Into::into).collect();
+        Config {
+            cluster: seeds.clone(),
+            ..Config::new(seeds.first().cloned().unwrap_or_default())
+        }
+    }
+
+    /// Whether this names a Redis Cluster ([`Config::cluster`]).
+    pub fn is_cluster(&self) -> bool {
+        !self.cluster.is_empty()
     }
 
     /// A configuration from the `REDIS_URL` environment variable.
@@ -88,7 +124,20 @@ impl Config {
 
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
+        if self.is_cluster() {
+            let seeds: Vec<String> = self.cluster.iter().map(|url| redact_url(url)).collect();
+            return format!("cluster [{}]", seeds.join(", "));
+        }
         redact_url(&self.url)
+    }
+
+    /// The server's URL, or each seed node's, parsed.
+    fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
+        if self.is_cluster() {
+            self.cluster.iter().map(|url| parse_url(url)).collect()
+        } else {
+            Ok(vec![parse_url(&self.url)?])
+        }
     }
 
     /// Checks everything but the URL: timeouts in range, a prefix that
@@ -156,7 +205,7 @@ impl Client {
     /// Builds a client. The connection is opened on first use, so this only
     /// fails on a malformed URL. Must be called inside a Tokio runtime.
     pub fn new(config: Config) -> Result<Self, LockError> {
-        let redis_client = parse_url(&config)?;
+        let seeds = config.parse_urls()?;
         config.check()?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(LockError::config(
@@ -181,15 +230,32 @@ impl Client {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
-        let backend = SingleNode::new(redis_client.clone(), manager_config, call_deadline(&config))
-            .map_err(|error| {
-                LockError::config(format!(
-                    "cannot set up the Redis client for `{}`: {}",
-                    config.redacted_url(),
-                    error.kind_description()
-                ))
-            })?;
-        let notifier = Notifier::new(redis_client.clone(), call_deadline(&config))?;
+        let target = if config.is_cluster() {
+            // No retries inside the cluster client: `Connection::call`
+            // retries (redirections too), knowing a retry for one.
+            ClusterClientBuilder::new(seeds.iter().map(|seed| seed.get_connection_info().clone()))
+                .connection_timeout(config.connect_timeout)
+                .retries(0)
+                .build()
+                .map_err(|error| {
+                    LockError::config(format!(
+                        "cannot set up the Redis Cluster client for {}: {}",
+                        config.redacted_url(),
+                        error.kind_description()
+                    ))
+                })
+                .map(Target::Cluster)?
+        } else {
+            Target::Node(seeds[0].clone(), manager_config)
+        };
+        let backend = RedisBackend::new(target, call_deadline(&config)).map_err(|error| {
+            LockError::config(format!(
+                "cannot set up the Redis client for `{}`: {}",
+                config.redacted_url(),
+                error.kind_description()
+            ))
+        })?;
+        let notifier = Notifier::new(seeds, call_deadline(&config))?;
         let core = Core::new(Arc::new(backend), notifier, config.key_prefix.clone());
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),
@@ -250,7 +316,7 @@ pub fn init(url: impl Into<String>) -> Result<(), LockError> {
 
 /// Configures the process-wide client with a full [`Config`].
 pub fn init_with(config: Config) -> Result<(), LockError> {
-    parse_url(&config)?;
+    config.parse_urls()?;
     config.check()?;
     let redacted = config.redacted_url();
     if !global_clients().is_empty() {
@@ -322,23 +388,47 @@ impl Drop for ForgetOnDrop {
     }
 }
 
-fn parse_url(config: &Config) -> Result<redis::Client, LockError> {
-    let scheme = config.url.split("://").next().unwrap_or_default();
+fn parse_url(url: &str) -> Result<redis::Client, LockError> {
+    let scheme = url.split("://").next().unwrap_or_default();
     if scheme.eq_ignore_ascii_case("rediss") && !TLS_BUILT_IN {
         return Err(LockError::config(format!(
             "`{}` asks for TLS (`rediss://`), but this build of lock-runtime has no TLS \
              support: enable its `tls` feature (lock-runtime = {{ features = [\"tls\"] }}), or \
              use `redis://` for a Redis without TLS",
-            config.redacted_url()
+            redact_url(url)
         )));
     }
-    redis::Client::open(config.url.as_str()).map_err(|error| {
+    redis::Client::open(url).map_err(|error| {
         LockError::config(format!(
             "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
-            config.redacted_url(),
+            redact_url(url),
             error.kind_description()
         ))
     })
+}
+
+/// The seed node URLs of a `redis-cluster://` (or `rediss-cluster://`) URL:
+/// `redis-cluster://user:pw@h1:p1,h2:p2` gives `redis://user:pw@h1:p1`
+/// and `redis://user:pw@h2:p2`. `None` for any other URL.
+fn cluster_seeds(url: &str) -> Option<Vec<String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = match scheme.to_ascii_lowercase().as_str() {
+        "redis-cluster" => "redis",
+        "rediss-cluster" => "rediss",
+        _ => return None,
+    };
+    let rest = rest.split(['/', '?']).next().unwrap_or_default();
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), rest),
+    };
+    Some(
+        hosts
+            .split(',')
+            .filter(|host| !host.trim().is_empty())
+            .map(|host| format!("{scheme}://{userinfo}{}/", host.trim()))
+            .collect(),
+    )
 }
 
 /// Whether the `redis` crate was built with TLS (lock-runtime's `tls` feature).

@@ -7,8 +7,10 @@
 //!
 //! Nothing here ever talks to a server it did not start.
 
+pub mod cluster;
 mod process;
 pub mod proxy;
+pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
 
@@ -57,12 +59,19 @@ impl RedisServer {
     /// Starts a server on the given loopback port (to restart one on the port
     /// it had).
     pub fn start_on(port: u16) -> io::Result<RedisServer> {
+        Self::start_with(port, &[])
+    }
+
+    /// Starts a server on the given loopback port with extra configuration
+    /// arguments (`--name value` pairs).
+    pub fn start_with(port: u16, extra: &[String]) -> io::Result<RedisServer> {
         let binary = binary();
         let mut command = Command::new(&binary);
         command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--protected-mode", "yes", "--loglevel", "warning"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

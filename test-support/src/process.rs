@@ -23,6 +23,16 @@ impl Process {
     /// Starts `program args...` with `REDIS_URL` set to `redis_url` (or
     /// removed when `None`), stdin and stdout piped, stderr inherited.
     pub fn spawn(program: impl AsRef<Path>, args: &[&str], redis_url: Option<&str>) -> Process {
+        Self::spawn_with_env(program, args, redis_url, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with more environment variables.
+    pub fn spawn_with_env(
+        program: impl AsRef<Path>,
+        args: &[&str],
+        redis_url: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Process {
         let program = program.as_ref();
         let mut command = Command::new(program);
         // SAFETY: prctl is async-signal-safe and touches only this child.
@@ -43,6 +53,7 @@ impl Process {
             Some(url) => command.env("REDIS_URL", url),
             None => command.env_remove("REDIS_URL"),
         };
+        command.envs(env.iter().copied());
         let mut child = command
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {}: {error}", program.display()));

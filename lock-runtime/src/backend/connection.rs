@@ -21,18 +21,105 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, RedisResult, RetryMethod};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value};
+use tokio::sync::OnceCell;
 
 use super::scripts::ScriptsSent;
+
+/// Where the calls go: one server (or a primary with replicas behind one
+/// address), or a Redis Cluster named by its seed nodes.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Node(redis::Client, ConnectionManagerConfig),
+    Cluster(ClusterClient),
+}
+
+impl Target {
+    /// A new connection (opened on first use).
+    fn open(&self) -> RedisResult<Link> {
+        Ok(match self {
+            Target::Node(redis, config) => Link::Node(ConnectionManager::new_lazy_with_config(
+                redis.clone(),
+                config.clone(),
+            )?),
+            Target::Cluster(client) => Link::Cluster(Arc::new(LazyCluster {
+                client: client.clone(),
+                connection: OnceCell::new(),
+            })),
+        })
+    }
+}
+
+/// A connection a call is made on: cheap to clone (a handle to one
+/// multiplexed connection, or to the cluster connection's task).
+#[derive(Clone)]
+pub(crate) enum Link {
+    Node(ConnectionManager),
+    Cluster(Arc<LazyCluster>),
+}
+
+/// A cluster connection opened by its first call (the `redis` crate opens
+/// one asynchronously; a client is built synchronously). A failed opening
+/// is tried again by the next call.
+pub(crate) struct LazyCluster {
+    client: ClusterClient,
+    connection: OnceCell<ClusterConnection>,
+}
+
+impl LazyCluster {
+    async fn get(&self) -> RedisResult<ClusterConnection> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Node(manager) => manager.req_packed_command(cmd),
+            Link::Cluster(lazy) => Box::pin(async move {
+                let mut connection = lazy.get().await?;
+                connection.req_packed_command(cmd).await
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(lazy) => Box::pin(async move {
+                let mut connection = lazy.get().await?;
+                connection
+                    .req_packed_commands(pipeline, offset, count)
+                    .await
+            }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Node(manager) => manager.get_db(),
+            Link::Cluster(_) => 0,
+        }
+    }
+}
 
 /// The first pause before a retry; doubled up to [`MAX_RETRY_PAUSE`].
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(5);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 pub(crate) struct Connection {
-    redis: redis::Client,
-    config: ConnectionManagerConfig,
+    target: Target,
     current: ArcSwap<Current>,
     generation: AtomicU64,
     /// The longest one call may take, its retries included.
@@ -44,19 +131,14 @@ pub(crate) struct Connection {
 /// One connection manager; replaced as a whole when a call times out.
 pub(crate) struct Current {
     generation: u64,
-    manager: ConnectionManager,
+    manager: Link,
 }
 
 impl Connection {
-    pub(crate) fn new(
-        redis: redis::Client,
-        config: ConnectionManagerConfig,
-        deadline: Duration,
-    ) -> RedisResult<Connection> {
-        let manager = ConnectionManager::new_lazy_with_config(redis.clone(), config.clone())?;
+    pub(crate) fn new(target: Target, deadline: Duration) -> RedisResult<Connection> {
+        let manager = target.open()?;
         Ok(Connection {
-            redis,
-            config,
+            target,
             current: ArcSwap::from_pointee(Current {
                 generation: 0,
                 manager,
@@ -79,9 +161,7 @@ impl Connection {
     /// Replaces the connection `stale` (one that let a call time out) with a
     /// new one, unless another call replaced it already.
     fn replace(&self, stale: &Current) {
-        let Ok(manager) =
-            ConnectionManager::new_lazy_with_config(self.redis.clone(), self.config.clone())
-        else {
+        let Ok(manager) = self.target.open() else {
             return; // cannot happen for a client that was built once
         };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -105,7 +185,7 @@ impl Connection {
     /// an attempt that failed may still have run in Redis.
     pub(crate) async fn call<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
     where
-        F: FnMut(ConnectionManager, u32) -> Fut,
+        F: FnMut(Link, u32) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let deadline = Instant::now() + self.deadline;
@@ -140,9 +220,19 @@ pub(crate) fn retryable(error: &RedisError) -> bool {
     if error.kind() == redis::ErrorKind::AuthenticationFailed {
         return false;
     }
+    // The cluster client retries nothing itself (see `Target::Cluster`):
+    // redirections and topology changes are retried here, where a retry
+    // is known to be one (an acquire then recognises its own token, a
+    // release a key its earlier attempt deleted).
     matches!(
         error.retry_method(),
-        RetryMethod::Reconnect | RetryMethod::RetryImmediately | RetryMethod::WaitAndRetry
+        RetryMethod::Reconnect
+            | RetryMethod::RetryImmediately
+            | RetryMethod::WaitAndRetry
+            | RetryMethod::MovedRedirect
+            | RetryMethod::AskRedirect
+            | RetryMethod::RefreshSlotsAndRetry
+            | RetryMethod::ReconnectFromInitialConnections
     )
 }
 

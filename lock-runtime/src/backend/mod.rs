@@ -1,7 +1,7 @@
 //! The backend: every Redis call a lock makes, and the decoding of its
 //! replies into typed outcomes. The lease machinery above it (acquire,
 //! wait, renewal, release, in-process hand-off) speaks only these types;
-//! a deployment is an implementation of [`Backend`] ([`SingleNode`]: one
+//! a deployment is an implementation of [`Backend`] ([`RedisBackend`]: one
 //! Redis server, or a primary with replicas behind one address).
 //!
 //! Every call is one round trip (a command or a script run by EVALSHA) and
@@ -11,8 +11,8 @@
 
 mod connection;
 mod notify;
+mod redis_backend;
 mod scripts;
-mod single;
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -22,9 +22,9 @@ use futures_util::future::BoxFuture;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
-pub(crate) use connection::retryable;
+pub(crate) use connection::{retryable, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription};
-pub(crate) use single::SingleNode;
+pub(crate) use redis_backend::RedisBackend;
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,9 @@ use crate::error::LockError;
 use crate::token::new_token;
 
 pub(crate) struct Notifier {
-    redis: redis::Client,
+    /// Where to subscribe: the server, or a cluster's seed nodes, tried in
+    /// turn (a published message reaches every node of a cluster).
+    seeds: Vec<redis::Client>,
     deadline: Duration,
     /// This client's channel: `lock-waiters:<random id>`.
     channel: String,
@@ -63,12 +65,12 @@ impl Drop for Subscription {
 
 impl Notifier {
     pub(crate) fn new(
-        redis: redis::Client,
+        seeds: Vec<redis::Client>,
         deadline: Duration,
     ) -> Result<Arc<Notifier>, LockError> {
         let id = new_token()?;
         Ok(Arc::new(Notifier {
-            redis,
+            seeds,
             deadline,
             channel: format!("lock-waiters:{id}"),
             waiters: Mutex::new(HashMap::new()),
@@ -175,11 +177,15 @@ impl Drop for Notifier {
 /// dispatches messages. Ends when its client is gone.
 async fn run(notifier: Weak<Notifier>) {
     let mut failures = 0u32;
+    let mut seed = 0usize;
     loop {
         let Some(this) = notifier.upgrade() else {
             return;
         };
-        let stream = match within(this.deadline, this.redis.get_async_pubsub()).await {
+        // After a failure, the next seed node.
+        let redis = &this.seeds[seed % this.seeds.len()];
+        seed += 1;
+        let stream = match within(this.deadline, redis.get_async_pubsub()).await {
             Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&this.channel))
                 .await
                 .map(|()| pubsub.into_on_message()),
@@ -210,6 +216,7 @@ async fn run(notifier: Weak<Notifier>) {
             }
         };
         failures = 0;
+        seed -= 1; // stay on the node that works
         this.ready.send_replace(true);
         this.wake_all();
         drop(this);

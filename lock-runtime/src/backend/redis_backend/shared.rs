@@ -1,9 +1,9 @@
 //! The shared-holder kinds on one node: read/write locks and semaphores,
 //! their scripts' arguments and the decoding of their replies.
 
-use redis::aio::ConnectionManager;
+use crate::backend::connection::Link;
 
-use super::SingleNode;
+use super::RedisBackend;
 use crate::backend::scripts::{
     evalsha, run, RW_ACQUIRE, RW_LEAVE, RW_RELEASE, SEMAPHORE_ACQUIRE, SEMAPHORE_LEAVE,
     SEMAPHORE_RELEASE,
@@ -14,7 +14,7 @@ use crate::keys::LockKeys;
 use redis::Cmd;
 use std::time::Duration;
 
-impl SingleNode {
+impl RedisBackend {
     /// One attempt for a read share, the write side or semaphore permits.
     pub(super) async fn acquire_shared(
         &self,
@@ -118,7 +118,7 @@ impl SingleNode {
 
     async fn shared_acquire_script(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut Link,
         request: &AcquireRequest<'_>,
         mine: bool,
     ) -> redis::RedisResult<Vec<i64>> {
@@ -170,7 +170,7 @@ impl SingleNode {
         keys: &LockKeys,
         token: &str,
         keep_ms: u64,
-        connection: &mut ConnectionManager,
+        connection: &mut Link,
     ) -> redis::RedisResult<Found> {
         let scripts = self.connection.scripts();
         let bytes = 5 * keys.lock.len() + 48 + token.len();

@@ -1,4 +1,4 @@
-//! [`SingleNode`]: the lock on one Redis server (or a primary with replicas
+//! [`RedisBackend`]: the lock on one Redis server (or a primary with replicas
 //! behind one address). Every lock's keys live on it; a renewal batch is one
 //! pipelined round trip. The exclusive lock is here, the shared-holder kinds
 //! in `shared.rs`.
@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use redis::aio::ConnectionManagerConfig;
 use redis::{Cmd, Value};
 
-use super::connection::Connection;
+use super::connection::{Connection, Link, Target};
 use super::scripts::{
     as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
     RELEASE_KEEPING, RENEW, RENEW_SHARES,
@@ -24,18 +23,19 @@ use crate::keys::LockKeys;
 /// Locks per renewal script call (a script blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;
 
-pub(crate) struct SingleNode {
+pub(crate) struct RedisBackend {
     connection: Connection,
+    /// On a Redis Cluster: renewals are grouped by slot and node, a plain
+    /// acquire is `SET NX GET` (a retry recognises its own token).
+    cluster: bool,
 }
 
-impl SingleNode {
-    pub(crate) fn new(
-        redis: redis::Client,
-        config: ConnectionManagerConfig,
-        deadline: Duration,
-    ) -> redis::RedisResult<SingleNode> {
-        Ok(SingleNode {
-            connection: Connection::new(redis, config, deadline)?,
+impl RedisBackend {
+    pub(crate) fn new(target: Target, deadline: Duration) -> redis::RedisResult<RedisBackend> {
+        let cluster = matches!(target, Target::Cluster(_));
+        Ok(RedisBackend {
+            connection: Connection::new(target, deadline)?,
+            cluster,
         })
     }
 
@@ -48,7 +48,7 @@ impl SingleNode {
         attempt: F,
     ) -> Result<T, LockError>
     where
-        F: FnMut(redis::aio::ConnectionManager, u32) -> Fut,
+        F: FnMut(Link, u32) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         self.connection
@@ -108,7 +108,7 @@ impl SingleNode {
     /// One call of `acquire.lua`, decoded.
     async fn acquire_script(
         &self,
-        connection: &mut redis::aio::ConnectionManager,
+        connection: &mut Link,
         request: &AcquireRequest<'_>,
     ) -> redis::RedisResult<Acquire> {
         let keys = request.keys;
@@ -156,7 +156,7 @@ fn found(code: i64) -> Found {
     }
 }
 
-impl Backend for SingleNode {
+impl Backend for RedisBackend {
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,
@@ -334,100 +334,40 @@ impl Backend for SingleNode {
         Box::pin(async move {
             // Locks held by a token (exclusive, writers) and shares (read
             // shares, permits: members of a sorted set), each by its script,
-            // in chunks; all in one pipeline.
-            let (tokens, shares): (Vec<usize>, Vec<usize>) = (0..items.len())
-                .partition(|&i| matches!(items[i].kind, Kind::Exclusive | Kind::Write));
-            let mut calls: Vec<(&LuaScript, Cmd, &[usize])> = Vec::new();
-            for chunk in tokens.chunks(LOCKS_PER_CALL) {
-                let mut call = redis::cmd("EVALSHA");
-                call.arg(RENEW.hash()).arg(chunk.len());
-                for &i in chunk {
-                    call.arg(&items[i].keys.lock);
+            // in chunks; all in one pipeline. On a cluster a script call
+            // may only touch keys of one slot: the chunks are per slot, and
+            // each slot's calls are one pipeline, all sent at once (they
+            // travel together on each node's connection).
+            let groups: Vec<Vec<usize>> = if self.cluster {
+                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
+                    std::collections::BTreeMap::new();
+                for (i, item) in items.iter().enumerate() {
+                    by_slot.entry(slot(&item.keys.lock)).or_default().push(i);
                 }
-                for &i in chunk {
-                    call.arg(items[i].ttl_ms).arg(items[i].token);
-                }
-                calls.push((&RENEW, call, chunk));
-            }
-            for chunk in shares.chunks(LOCKS_PER_CALL) {
-                let mut call = redis::cmd("EVALSHA");
-                call.arg(RENEW_SHARES.hash());
-                // A read share: the writer key (a lone reader's) and the
-                // readers ZSET; a permit: the semaphore ZSET.
-                let keys: usize = chunk
-                    .iter()
-                    .map(|&i| 1 + usize::from(items[i].kind == Kind::Read))
-                    .sum();
-                call.arg(keys);
-                for &i in chunk {
-                    let keys = items[i].keys;
-                    if items[i].kind == Kind::Read {
-                        call.arg(&keys.lock).arg(keys.readers());
-                    } else {
-                        call.arg(&keys.lock);
-                    }
-                }
-                for &i in chunk {
-                    let item = &items[i];
-                    match item.kind {
-                        Kind::Semaphore { permits, .. } => {
-                            call.arg(format!("{permits}|{}", item.token))
-                        }
-                        _ => call.arg(item.token),
-                    };
-                    call.arg(item.ttl_ms)
-                        .arg(1 + u8::from(item.kind == Kind::Read));
-                }
-                calls.push((&RENEW_SHARES, call, chunk));
-            }
-            let scripts = self.connection.scripts();
-            // EVALSHA for the scripts this client has run; EVAL (which
-            // caches them) for the others, or for all after a NOSCRIPT.
-            let pipeline = |all_eval: bool| {
-                let mut pipe = redis::pipe();
-                for (script, call, _) in &calls {
-                    if all_eval || !scripts.has(script) {
-                        pipe.add_command(as_eval(script, call));
-                    } else {
-                        pipe.add_command(call.clone());
-                    }
-                }
-                pipe
+                by_slot.into_values().collect()
+            } else {
+                vec![(0..items.len()).collect()]
             };
-            let replies: Vec<Vec<i64>> = self
-                .connection
-                .call(|mut connection, _| {
-                    let (pipeline, calls) = (&pipeline, &calls);
-                    async move {
-                        round_trips.fetch_add(1, Ordering::Relaxed);
-                        let result = match pipeline(false).query_async(&mut connection).await {
-                            Err(error) if is_noscript(&error) => {
-                                // Redis restarted or its script cache was
-                                // flushed: the same calls as EVAL.
-                                round_trips.fetch_add(1, Ordering::Relaxed);
-                                pipeline(true).query_async(&mut connection).await
-                            }
-                            result => result,
-                        };
-                        if result.is_ok() {
-                            for (script, _, _) in calls {
-                                scripts.add(script);
-                            }
-                        }
-                        result
-                    }
-                })
-                .await?;
+            let batches: Vec<Vec<RenewCall<'_>>> = groups
+                .iter()
+                .map(|group| renew_calls(items, group))
+                .collect();
+            let sent = batches
+                .iter()
+                .map(|calls| self.renew_batch(calls, round_trips));
+            let replies = futures_util::future::join_all(sent).await;
             let mut found = vec![Found::Gone; items.len()];
-            for ((script, _, chunk), codes) in calls.iter().zip(replies) {
-                let shares = std::ptr::eq(*script, &*RENEW_SHARES);
-                for (&i, code) in chunk.iter().zip(codes) {
-                    found[i] = match code {
-                        // A share is only ever its holder's, or gone.
-                        1 if shares => Found::Mine,
-                        _ if shares => Found::Gone,
-                        code => self::found(code),
-                    };
+            for (calls, replies) in batches.iter().zip(replies) {
+                for ((script, _, chunk), codes) in calls.iter().zip(replies?) {
+                    let shares = std::ptr::eq(*script, &*RENEW_SHARES);
+                    for (&i, code) in chunk.iter().zip(codes) {
+                        found[i] = match code {
+                            // A share is only ever its holder's, or gone.
+                            1 if shares => Found::Mine,
+                            _ if shares => Found::Gone,
+                            code => self::found(code),
+                        };
+                    }
                 }
             }
             Ok(found)
@@ -436,5 +376,151 @@ impl Backend for SingleNode {
 
     fn call_deadline(&self) -> Duration {
         self.connection.deadline()
+    }
+}
+
+/// One renewal script call: its script, the call, the items it renews.
+type RenewCall<'a> = (&'static LuaScript, Cmd, Vec<usize>);
+
+/// The renewal script calls for the items `group` of `items` (all of one
+/// slot on a cluster): locks held by a token by `renew.lua`, shares by
+/// `renew_shares.lua`, in chunks.
+fn renew_calls<'a>(items: &[RenewItem<'_>], group: &[usize]) -> Vec<RenewCall<'a>> {
+    let (tokens, shares): (Vec<usize>, Vec<usize>) = group
+        .iter()
+        .partition(|&&i| matches!(items[i].kind, Kind::Exclusive | Kind::Write));
+    let mut calls: Vec<RenewCall<'a>> = Vec::new();
+    for chunk in tokens.chunks(LOCKS_PER_CALL) {
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(RENEW.hash()).arg(chunk.len());
+        for &i in chunk {
+            call.arg(&items[i].keys.lock);
+        }
+        for &i in chunk {
+            call.arg(items[i].ttl_ms).arg(items[i].token);
+        }
+        calls.push((&RENEW, call, chunk.to_vec()));
+    }
+    for chunk in shares.chunks(LOCKS_PER_CALL) {
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(RENEW_SHARES.hash());
+        // A read share: the writer key (a lone reader's) and the readers
+        // ZSET; a permit: the semaphore ZSET.
+        let keys: usize = chunk
+            .iter()
+            .map(|&i| 1 + usize::from(items[i].kind == Kind::Read))
+            .sum();
+        call.arg(keys);
+        for &i in chunk {
+            let keys = items[i].keys;
+            if items[i].kind == Kind::Read {
+                call.arg(&keys.lock).arg(keys.readers());
+            } else {
+                call.arg(&keys.lock);
+            }
+        }
+        for &i in chunk {
+            let item = &items[i];
+            match item.kind {
+                Kind::Semaphore { permits, .. } => call.arg(format!("{permits}|{}", item.token)),
+                _ => call.arg(item.token),
+            };
+            call.arg(item.ttl_ms)
+                .arg(1 + u8::from(item.kind == Kind::Read));
+        }
+        calls.push((&RENEW_SHARES, call, chunk.to_vec()));
+    }
+    calls
+}
+
+impl RedisBackend {
+    /// Sends `calls` as one pipeline (one round trip), retried on a fresh
+    /// connection within the deadline; their replies in order.
+    async fn renew_batch(
+        &self,
+        calls: &[RenewCall<'_>],
+        round_trips: &AtomicU64,
+    ) -> redis::RedisResult<Vec<Vec<i64>>> {
+        let scripts = self.connection.scripts();
+        // EVALSHA for the scripts this client has run; EVAL (which caches
+        // them) for the others, or for all after a NOSCRIPT.
+        let pipeline = |all_eval: bool| {
+            let mut pipe = redis::pipe();
+            for (script, call, _) in calls {
+                if all_eval || !scripts.has(script) {
+                    pipe.add_command(as_eval(script, call));
+                } else {
+                    pipe.add_command(call.clone());
+                }
+            }
+            pipe
+        };
+        self.connection
+            .call(|mut connection, _| {
+                let pipeline = &pipeline;
+                async move {
+                    round_trips.fetch_add(1, Ordering::Relaxed);
+                    let result = match pipeline(false).query_async(&mut connection).await {
+                        Err(error) if is_noscript(&error) => {
+                            // Redis restarted, failed over or flushed its
+                            // script cache: the same calls as EVAL.
+                            round_trips.fetch_add(1, Ordering::Relaxed);
+                            pipeline(true).query_async(&mut connection).await
+                        }
+                        result => result,
+                    };
+                    if result.is_ok() {
+                        for (script, _, _) in calls {
+                            scripts.add(script);
+                        }
+                    }
+                    result
+                }
+            })
+            .await
+    }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// text between the first `{` and the next `}`, if not empty) or of the
+/// whole key, modulo 16384.
+pub(crate) fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(bytes)) % 16384
+}
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster computes it.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(slot("lock:{order:42}:queue"), slot("order:42"));
     }
 }
