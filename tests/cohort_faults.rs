@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{Client, Config, Lock};
+use lock_runtime::{Client, Config, Lock, LockError};
 
 fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
@@ -346,4 +346,422 @@ async fn a_release_of_a_lock_passed_early_waits_for_its_handoff() {
         redis(&server, &["EXISTS", "lock:{early-release}"]) == ":0\r\n"
     })
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// Review of the early pass (commit 11b853b): each test below fails with it.
+// ---------------------------------------------------------------------------
+
+/// Polls (bounded) until `condition` holds; whether it did.
+async fn holds_within(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A chain of early passes: B, passed the lock early, is done and releases
+/// (taking C off the queue) before its own `HANDOFF` is answered; that
+/// `HANDOFF` is refused (another client holds the key). B's release marked
+/// it `Released` first, so `mark_lost` cannot record the refusal, and B's
+/// pass to C, decided after the refusal is in, still starts C at once:
+/// C runs while the other client holds the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pass_stops_a_chain_of_early_passes() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(Config::new(proxy.url())).unwrap();
+    let key = "chain-refused";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
+    let (guard_tx, guard_rx) = tokio::sync::oneshot::channel();
+    let second = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let _ = guard_tx.send(lock.acquire().await);
+        }
+    });
+    wait_until_async(
+        "the second task queues in the process",
+        LINE_TIMEOUT,
+        || client.waiting_in_process(key) == 1,
+    )
+    .await;
+    let seen = Arc::new(Mutex::new(None::<(String, String)>));
+    let third = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(5))
+            .client(client.clone());
+        let (seen, port) = (Arc::clone(&seen), server.port());
+        async move {
+            lock.run(async move {
+                let token = lock_runtime::current().unwrap().token().to_owned();
+                let held = test_support::command(port, &["GET", "lock:{chain-refused}"]).unwrap();
+                *seen.lock().unwrap() = Some((value(&held).unwrap_or_default(), token));
+            })
+            .await
+        }
+    });
+    wait_until_async("the third task queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 2
+    })
+    .await;
+    // Another client's token: the first pass's HANDOFF is refused.
+    redis(
+        &server,
+        &["SET", "lock:{chain-refused}", "intruder", "PX", "30000"],
+    );
+    proxy.stall();
+    let passing = tokio::spawn(holder.release());
+    let guard = tokio::time::timeout(LINE_TIMEOUT, guard_rx)
+        .await
+        .expect("passed early, while the connection stalls")
+        .unwrap()
+        .unwrap();
+    let releasing = tokio::spawn(guard.release());
+    // The second task's release took the third off the queue: it is marked
+    // released, and its pass waits for its HANDOFF's outcome.
+    wait_until_async("the second task passes the lock on", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 0
+    })
+    .await;
+    proxy.resume();
+    let first = tokio::time::timeout(LINE_TIMEOUT, passing)
+        .await
+        .unwrap()
+        .unwrap();
+    let second_release = tokio::time::timeout(LINE_TIMEOUT, releasing)
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("first release: {first:?}; second release: {second_release:?}");
+    let third_outcome = tokio::time::timeout(LINE_TIMEOUT, third)
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("third: {third_outcome:?}");
+    let _ = second.await;
+    let seen_now = seen.lock().unwrap().clone();
+    if let Some((held, token)) = seen_now {
+        assert!(
+            held.starts_with(&token),
+            "the third task ran while the key held {held:?} (its token {token}): the refusal \
+             of the second task's HANDOFF was known before its pass"
+        );
+    }
+}
+
+/// An early pass whose `HANDOFF` gets no answer (its connection stalls past
+/// the call deadline, then breaks: it never reaches Redis). The key keeps
+/// the passer's token. Fixed: the passer sends the `HANDOFF` again until
+/// Redis answers or the passer's validity (the next holder's, until then)
+/// is over; with Redis unreachable all that time, the next holder is told
+/// its lock expired (not that another client took it), and the key, which
+/// held the passer's token, is free once that validity is over. (The lock
+/// here lives 2 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_early_pass_leaves_no_lock_behind() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_millis(100))
+            .response_timeout(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let key = "unconfirmed";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(2)).await;
+    let waiter = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 1
+    })
+    .await;
+    proxy.stall();
+    let passing = tokio::spawn(holder.release());
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("passed early, while the connection stalls")
+        .unwrap();
+    // The HANDOFF's deadline (200 ms) passes while stalled: outcome unknown.
+    let passed = tokio::time::timeout(LINE_TIMEOUT, passing)
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("passer's release: {passed:?}");
+    // What the stalled connection carried never reaches Redis.
+    proxy.drop_all();
+    proxy.resume();
+    let released = tokio::time::timeout(LINE_TIMEOUT, guard.release())
+        .await
+        .unwrap();
+    let free = holds_within(Duration::from_secs(3), || {
+        redis(&server, &["EXISTS", "lock:{unconfirmed}"]) == ":0\r\n"
+    })
+    .await;
+    assert!(passed.is_err(), "the passer is told its pass got no answer");
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost {
+                cause: lock_runtime::LostCause::Expired,
+                ..
+            })
+        ),
+        "the next holder's lock ran out unconfirmed: {released:?}"
+    );
+    assert!(free, "the key is free once the passer's validity is over");
+}
+
+/// Chain of early passes after an unanswered `HANDOFF` that lands late: A
+/// passes early to B; the `HANDOFF` (A -> B) times out but is still on its
+/// way (held 1.5 s by the proxy). B passes early to C (non-renewed, told it
+/// holds the lock for A's ~30 s validity); B's `HANDOFF` (B -> C) finds A's
+/// token and is refused, and B's lingering release starts. The late
+/// `HANDOFF` then lands (B's token), B's lingering release deletes it, and
+/// another client takes the key while C is inside. Nobody outside the
+/// client touched the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_millis(100))
+            .response_timeout(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let key = "late";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
+    let (guard_tx, guard_rx) = tokio::sync::oneshot::channel();
+    let second = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let _ = guard_tx.send(lock.acquire().await);
+        }
+    });
+    wait_until_async(
+        "the second task queues in the process",
+        LINE_TIMEOUT,
+        || client.waiting_in_process(key) == 1,
+    )
+    .await;
+    let inside = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let third = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        let inside = Arc::clone(&inside);
+        async move {
+            lock.run(async move {
+                inside.store(true, Ordering::SeqCst);
+                let held = lock_runtime::current().unwrap();
+                let _ = started_tx.send((held.is_held(), held.remaining()));
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                inside.store(false, Ordering::SeqCst);
+            })
+            .await
+        }
+    });
+    wait_until_async("the third task queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 2
+    })
+    .await;
+    // The first HANDOFF is held 1.5 s by the proxy: past its deadline
+    // (200 ms), but it lands.
+    proxy.set_latency(Duration::from_millis(1500));
+    let passing = tokio::spawn(holder.release());
+    let guard = tokio::time::timeout(LINE_TIMEOUT, guard_rx)
+        .await
+        .expect("passed early")
+        .unwrap()
+        .unwrap();
+    let first = tokio::time::timeout(LINE_TIMEOUT, passing)
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.set_latency(Duration::ZERO);
+    let second_release = tokio::time::timeout(LINE_TIMEOUT, guard.release())
+        .await
+        .unwrap();
+    eprintln!("first release: {first:?}; second release: {second_release:?}");
+    let Ok(Ok(told)) = tokio::time::timeout(Duration::from_secs(1), started).await else {
+        // Not passed early: nothing to check.
+        third.abort();
+        return;
+    };
+    eprintln!("the third task started, told (held, remaining) = {told:?}");
+    let probe = Lock::new(key)
+        .ttl(Duration::from_secs(1))
+        .client(self::client(&server));
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut taken_while_inside = false;
+    while Instant::now() < until && inside.load(Ordering::SeqCst) {
+        if let Ok(guard) = probe.try_acquire().await {
+            taken_while_inside = inside.load(Ordering::SeqCst);
+            let _ = guard.release().await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = tokio::time::timeout(LINE_TIMEOUT, third).await;
+    let _ = second.await;
+    assert!(
+        !taken_while_inside,
+        "another client took the key while the task passed the lock early was inside"
+    );
+}
+
+/// The hand-off task lives on the passer's runtime, a current-thread one
+/// whose `block_on` gave up on the release (a timeout) and is not driven
+/// again for now, but not shut down. The next holder, passed the lock
+/// early on another runtime, waits for its `HANDOFF`'s outcome before its
+/// release: with nobody to settle it, its release never returned. Fixed:
+/// the wait is bounded by the lock's validity (3 s here), past which the
+/// lock is gone either way.
+#[test]
+fn a_release_of_a_lock_passed_early_does_not_hang_on_an_idle_runtime() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = main.block_on(async {
+        let client = Client::new(Config::new(proxy.url())).unwrap();
+        // First used here: the connection's I/O task lives on `main`.
+        Lock::new("warm")
+            .client(client.clone())
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        client
+    });
+    let key = "idle-runtime";
+    let secondary = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let holder = secondary.block_on(cohort_holder(&server, &client, key, Duration::from_secs(3)));
+    let (told_tx, told) = tokio::sync::oneshot::channel();
+    let waiter = main.spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(3))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let guard = lock.acquire().await.unwrap();
+            let _ = told_tx.send(());
+            tokio::time::timeout(Duration::from_secs(5), guard.release()).await
+        }
+    });
+    main.block_on(wait_until_async(
+        "the waiter queues in the process",
+        LINE_TIMEOUT,
+        || client.waiting_in_process(key) == 1,
+    ));
+    proxy.stall();
+    secondary.block_on(async {
+        // The caller gives up on the release after 50 ms.
+        let _ = tokio::time::timeout(Duration::from_millis(50), holder.release()).await;
+    });
+    proxy.resume();
+    let told = main.block_on(async { tokio::time::timeout(Duration::from_secs(3), told).await });
+    assert!(told.is_ok(), "passed early (before the HANDOFF's answer)");
+    let outcome = main.block_on(async { tokio::time::timeout(LINE_TIMEOUT, waiter).await });
+    let outcome = outcome.unwrap().unwrap();
+    let held = value(&redis(&server, &["GET", "lock:{idle-runtime}"]));
+    assert!(
+        outcome.is_ok(),
+        "the release of the lock passed early hung (5 s) waiting for a HANDOFF outcome \
+         nobody applies; the key holds {held:?}"
+    );
+    drop(secondary);
+}
+
+/// The starvation bound with early passes: a holder passed the lock early
+/// decides its own pass before the previous `HANDOFF` is answered, so that
+/// pass is not yet counted (`passed` runs on the answer, `next` before
+/// it): with sections shorter than a round trip, the process passes the
+/// lock locally 5 times in a row while another client waits, not 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_starvation_bound_counts_passes_made_early() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(Config::new(proxy.url())).unwrap();
+    let key = "bound-early";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
+    let order = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let mut locals = Vec::new();
+    for _ in 0..7 {
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        let order = Arc::clone(&order);
+        locals.push(tokio::spawn(async move {
+            lock.run(async move { order.lock().unwrap().push("local") })
+                .await
+        }));
+    }
+    wait_until_async("the local tasks queue in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 7
+    })
+    .await;
+    let other = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .client(self::client(&server));
+        let order = Arc::clone(&order);
+        async move {
+            lock.run(async move { order.lock().unwrap().push("other") })
+                .await
+        }
+    });
+    wait_until_async("the other client waits in Redis", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{bound-early}:queue"]) == ":1\r\n"
+    })
+    .await;
+    // Each HANDOFF takes ~60 ms; each section far less.
+    proxy.set_latency(Duration::from_millis(30));
+    holder.release().await.unwrap();
+    tokio::time::timeout(LINE_TIMEOUT, other)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    proxy.set_latency(Duration::ZERO);
+    for local in locals {
+        let _ = tokio::time::timeout(LINE_TIMEOUT, local).await;
+    }
+    let order = order.lock().unwrap().clone();
+    let before = order.iter().take_while(|who| **who == "local").count();
+    assert!(
+        before <= 4,
+        "{before} local passes in a row while another client waited (at most 4): {order:?}"
+    );
 }

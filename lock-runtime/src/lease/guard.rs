@@ -154,6 +154,9 @@ impl LockGuard {
         }
         self.renewal.take();
         let hold = Arc::clone(self.hold());
+        // A lock passed early: its pass's outcome first, so that a refusal
+        // is seen as the loss it is, and the next decision counts it.
+        hold.settled().await;
         self.releasing = true;
         let loss = hold.reported_loss();
         // Before the release is sent: a reentrant body that escaped the

@@ -103,6 +103,8 @@ pub(crate) struct Hold {
     linger: AtomicBool,
     /// See [`Acquired::settled`].
     settled: Option<watch::Receiver<bool>>,
+    /// See [`Hold::mark_pass_refused`].
+    pass_refused: AtomicBool,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -154,6 +156,7 @@ impl Hold {
             stop_on_loss: renewed && stop_on_loss,
             linger: AtomicBool::new(linger),
             settled,
+            pass_refused: AtomicBool::new(false),
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
@@ -174,11 +177,28 @@ impl Hold {
     /// Waits until the `HANDOFF` that passed this lock in the process (if it
     /// was) has its outcome applied: called before anything is sent with the
     /// token, so that it never reaches Redis before the token is there.
+    ///
+    /// Bounded by the hold's validity (capped at the passer's until the
+    /// outcome is in): past it the lock is gone either way, and a passer
+    /// whose runtime is no longer driven must not hang its successor.
     pub(crate) async fn settled(&self) {
         if let Some(settled) = &self.settled {
             // A dropped sender (its task cancelled) settles it too.
-            let _ = settled.clone().wait_for(|settled| *settled).await;
+            let mut settled = settled.clone();
+            let until = tokio::time::Instant::from_std(self.valid_until());
+            let _ = tokio::time::timeout_at(until, settled.wait_for(|settled| *settled)).await;
         }
+    }
+
+    /// The `HANDOFF` that passed this lock early was refused: whatever its
+    /// holder did since (a release marks it released), it must not pass
+    /// the lock on early.
+    pub(crate) fn mark_pass_refused(&self) {
+        self.pass_refused.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn pass_refused(&self) -> bool {
+        self.pass_refused.load(Ordering::Acquire)
     }
 
     /// Whether [`settled`](Hold::settled) would return at once.

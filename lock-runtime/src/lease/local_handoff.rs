@@ -26,6 +26,9 @@ use crate::token::new_token;
 /// a pass).
 fn pass_or_release(hold: Arc<Hold>, generation: u64) -> BoxFuture<'static, Result<(), LockError>> {
     Box::pin(async move {
+        // A hold passed early: its own pass's outcome first (the starvation
+        // count and a refusal are known before the next decision).
+        hold.settled().await;
         let result = match next_step(&hold, generation) {
             Next::Pass(waiter) => return pass_to(hold, generation, waiter).await,
             Next::Release => release_then_dissolve(&hold, generation).await,
@@ -147,6 +150,7 @@ pub(crate) fn pass_to(
         // too little validity left, and the waiter waits for the reply.
         let valid_for = hold.valid_until().saturating_duration_since(sent_at);
         let early = !wants.fencing
+            && !hold.pass_refused()
             && matches!(hold.reported_loss(), None | Some(LostCause::Released))
             && valid_for >= wants.ttl / 2;
         if early {
@@ -226,7 +230,7 @@ async fn pass_early(
         // Gone before anything was sent: the next one, or a release.
         return pass_or_release(hold, generation).await;
     }
-    let outcome = handoff(&hold, &next.token, next.ttl.as_millis() as u64, false).await;
+    let outcome = handoff_until_answered(&hold, &next).await;
     let result = match outcome {
         Ok((_, queued)) => {
             next.extend(sent_at);
@@ -235,26 +239,48 @@ async fn pass_early(
             Ok(())
         }
         Err(LockError::Lost { key, cause }) => {
+            next.mark_pass_refused();
             next.mark_lost(cause);
             linger_after_pass(hold);
             Err(LockError::Lost { key, cause })
         }
         Err(error) => {
-            // Unknown outcome, after retries on a fresh connection: the key
-            // holds one of the two tokens, or a copy of the `HANDOFF` may
-            // still land. The next holder keeps `hold`'s validity unless its
-            // renewal confirms its own token; its release lingers. `hold`'s
-            // token must not be released (the next holder may run under it).
+            // No answer while `hold` was valid: by now its key has expired
+            // (or holds the next token, if a copy landed: the next holder's
+            // release lingers for it), and the next holder's validity, which
+            // was `hold`'s, is over. `hold`'s token is never released here:
+            // the next holder may have run under it.
             next.set_linger();
-            tracing::warn!(
-                lock = %hold.name(), %error,
-                "in-process hand-off unconfirmed: the next holder keeps its predecessor's validity"
-            );
-            Ok(())
+            next.mark_pass_refused();
+            next.mark_lost(LostCause::Expired);
+            Err(error)
         }
     };
     let _ = settle.send(true);
     result
+}
+
+/// The early pass's `HANDOFF`, sent again (it is idempotent: a copy that
+/// already landed is answered "passed") until Redis answers or `hold`'s
+/// validity, under which the next holder runs, is over. An answer is
+/// needed before the next holder's token is used: without one, the key
+/// may hold `hold`'s token, and the next holder's release or renewal would
+/// take it for another client's while a late copy could still land.
+async fn handoff_until_answered(
+    hold: &Hold,
+    next: &Hold,
+) -> Result<(Option<u64>, bool), LockError> {
+    let ttl_ms = next.ttl.as_millis() as u64;
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        match handoff(hold, &next.token, ttl_ms, false).await {
+            Err(LockError::Redis { .. }) if Instant::now() + pause < hold.valid_until() => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            answered => return answered,
+        }
+    }
 }
 
 /// The `HANDOFF` first, then the waiter is told (with its fencing token).
