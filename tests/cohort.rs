@@ -11,6 +11,15 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError};
 
+/// Sends `server` a signal (`-STOP`, `-CONT`).
+fn signal(server: &RedisServer, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
 }
@@ -483,14 +492,7 @@ async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind
         client.waiting_in_process("cancelled") == 1
     })
     .await;
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &server.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    signal("-STOP");
+    signal(&server, "-STOP");
     let release = tokio::spawn(holder.release());
     wait_until_async("the pass is under way", LINE_TIMEOUT, || {
         client.waiting_in_process("cancelled") == 0
@@ -498,7 +500,7 @@ async fn a_waiter_cancelled_while_the_lock_is_passed_to_it_leaves_no_lock_behind
     .await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
-    signal("-CONT");
+    signal(&server, "-CONT");
     release.await.unwrap().unwrap();
     wait_until_async("the lock is free", LINE_TIMEOUT, || {
         redis(&server, &["EXISTS", "lock:{cancelled}"]) == ":0\r\n"
@@ -529,14 +531,7 @@ async fn a_lock_passed_early_and_dropped_at_once_is_released_once_redis_answers(
         client.waiting_in_process("early-drop") == 1
     })
     .await;
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &server.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-    signal("-STOP");
+    signal(&server, "-STOP");
     let release = tokio::spawn(holder.release());
     // Passed early: the guard comes while Redis is stopped.
     let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
@@ -545,7 +540,7 @@ async fn a_lock_passed_early_and_dropped_at_once_is_released_once_redis_answers(
         .unwrap();
     assert!(guard.is_held());
     drop(guard);
-    signal("-CONT");
+    signal(&server, "-CONT");
     release.await.unwrap().unwrap();
     wait_until_async("the lock is free", LINE_TIMEOUT, || {
         redis(&server, &["EXISTS", "lock:{early-drop}"]) == ":0\r\n"

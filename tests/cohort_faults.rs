@@ -13,6 +13,29 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError};
 
+/// A multi-thread runtime and a client (through `proxy`) whose connection's
+/// I/O task lives on it (first used there).
+fn client_on_its_own_runtime(proxy: &test_support::Proxy) -> (tokio::runtime::Runtime, Client) {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = main.block_on(async {
+        let client = Client::new(Config::new(proxy.url())).unwrap();
+        Lock::new("warm")
+            .client(client.clone())
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        client
+    });
+    (main, client)
+}
+
 fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
 }
@@ -233,24 +256,7 @@ async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
 fn a_pass_dropped_unsettled_does_not_hang_the_next_holder() {
     let server = RedisServer::start();
     let proxy = test_support::Proxy::start(server.port());
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = main.block_on(async {
-        let client = Client::new(Config::new(proxy.url())).unwrap();
-        // First used here: the connection's I/O task lives on `main`.
-        Lock::new("warm")
-            .client(client.clone())
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-        client
-    });
+    let (main, client) = client_on_its_own_runtime(&proxy);
     let key = "runtimes";
     let secondary = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -642,24 +648,7 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
 fn a_release_of_a_lock_passed_early_does_not_hang_on_an_idle_runtime() {
     let server = RedisServer::start();
     let proxy = test_support::Proxy::start(server.port());
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = main.block_on(async {
-        let client = Client::new(Config::new(proxy.url())).unwrap();
-        // First used here: the connection's I/O task lives on `main`.
-        Lock::new("warm")
-            .client(client.clone())
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-        client
-    });
+    let (main, client) = client_on_its_own_runtime(&proxy);
     let key = "idle-runtime";
     let secondary = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -12,7 +12,7 @@ use crate::backend::{Found, Pass};
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter, Wants};
 use crate::lease::hold::{drift_margin, fence_retention_ms, Acquired, Hold};
-use crate::lease::release::{release, spawn_release};
+use crate::lease::release::{release, spawn_release, FIRST_RELEASE_PAUSE, MAX_RELEASE_PAUSE};
 
 use crate::token::new_token;
 
@@ -271,12 +271,13 @@ async fn handoff_until_answered(
     next: &Hold,
 ) -> Result<(Option<u64>, bool), LockError> {
     let ttl_ms = next.ttl.as_millis() as u64;
-    let mut pause = std::time::Duration::from_millis(20);
+    // Paced as a background release is.
+    let mut pause = FIRST_RELEASE_PAUSE;
     loop {
         match handoff(hold, &next.token, ttl_ms, false).await {
             Err(LockError::Redis { .. }) if Instant::now() + pause < hold.valid_until() => {
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                pause = (pause * 2).min(MAX_RELEASE_PAUSE);
             }
             answered => return answered,
         }

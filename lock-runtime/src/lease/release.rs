@@ -55,8 +55,8 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
 
 /// The first pause between background release attempts, doubled up to
 /// [`MAX_RELEASE_PAUSE`].
-const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
-const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
+pub(crate) const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
 
 /// Releases in a background task on the current Tokio runtime, trying again
 /// after failures for as long as the lock could still be held (its key
