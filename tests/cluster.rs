@@ -154,6 +154,113 @@ async fn every_primitive_works_on_a_cluster() {
     }
 }
 
+/// Calls of `command` the node on `port` has run so far (scripts' included).
+fn calls_on(port: u16, command: &str) -> u64 {
+    let stats = test_support::command(port, &["INFO", "commandstats"]).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Releases wake waiters of another client on every primary by one
+/// message on the lock's own shard (SPUBLISH): no classic PUBLISH (which
+/// a cluster broadcasts to every node), and no polling while they wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_sharded_messages() {
+    let cluster = RedisCluster::start(3, 0);
+    let (one, other) = (client(&cluster), client(&cluster));
+    let names: Vec<String> = names(12);
+    let mut woken_on = std::collections::BTreeSet::new();
+    for name in &names {
+        let slot = keyslot(&cluster, &format!("lock:{{{name}}}"));
+        let port = cluster.primary_of_slot(slot).unwrap();
+        let held = Lock::new(name.as_str())
+            .ttl(Duration::from_secs(30))
+            .client(one.clone())
+            .try_acquire()
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let lock = Lock::new(name.as_str())
+                .wait(Duration::from_secs(20))
+                .client(other.clone());
+            async move { lock.acquire().await }
+        });
+        let queue = format!("lock:{{{name}}}:queue");
+        wait_until_async("the waiter queues", LINE_TIMEOUT, || {
+            test_support::command(port, &["LLEN", &queue]).unwrap() == ":1\r\n"
+        })
+        .await;
+        // Its client listens on the slot's channel before its second attempt.
+        let calls_before = calls_on(port, "evalsha") + calls_on(port, "eval");
+        tokio::time::sleep(Duration::from_millis(300)).await; // an observation window
+        let calls = calls_on(port, "evalsha") + calls_on(port, "eval") - calls_before;
+        assert!(
+            calls <= 2,
+            "{name}: {calls} attempts while the lock was held"
+        );
+        held.release().await.unwrap();
+        let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        guard.release().await.unwrap();
+        woken_on.insert(port);
+    }
+    assert_eq!(woken_on.len(), 3, "the names cover every primary");
+    for port in cluster.ports().iter().copied() {
+        assert_eq!(calls_on(port, "publish"), 0, "a classic PUBLISH on {port}");
+    }
+    let sharded: u64 = cluster
+        .ports()
+        .iter()
+        .map(|&port| calls_on(port, "spublish"))
+        .sum();
+    assert!(sharded >= names.len() as u64, "{sharded} SPUBLISH calls");
+}
+
+/// Renewals go as one pipeline per primary per batch, however many slots
+/// the locks are in (a script call may only touch one slot, a pipeline to
+/// a primary may carry calls of all its slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_take_one_round_trip_per_primary() {
+    let cluster = RedisCluster::start(3, 0);
+    let one = client(&cluster);
+    let names = names(300);
+    let mut guards = Vec::new();
+    for name in &names {
+        let guard = Lock::new(name.as_str())
+            .ttl(Duration::from_millis(900))
+            .renew()
+            .client(one.clone())
+            .try_acquire()
+            .await
+            .unwrap();
+        guards.push(guard);
+    }
+    let before = one.renewal_stats();
+    tokio::time::sleep(Duration::from_millis(2000)).await; // several renewals of each
+    let after = one.renewal_stats();
+    let (batches, round_trips) = (
+        after.batches - before.batches,
+        after.round_trips - before.round_trips,
+    );
+    assert!(batches >= 2, "{batches} renewal batches");
+    assert!(
+        round_trips <= 3 * batches,
+        "{round_trips} round trips for {batches} batches of locks on 3 primaries"
+    );
+    assert_eq!(after.lost, 0);
+    for guard in guards {
+        assert!(guard.is_held());
+        guard.release().await.unwrap();
+    }
+}
+
 /// A name with braces still puts every key of its lock in one slot: the
 /// hash tag is the text up to the first `}`, the same for all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

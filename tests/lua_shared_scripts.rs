@@ -16,13 +16,38 @@ macro_rules! script {
     };
 }
 
-const RW_ACQUIRE: &str = script!("shares.lua", "rw_state.lua", "rw_acquire.lua");
-const RW_RELEASE: &str = script!("shares.lua", "rw_state.lua", "rw_release.lua");
-const RW_LEAVE: &str = script!("shares.lua", "rw_state.lua", "rw_leave.lua");
-const SEM_ACQUIRE: &str = script!("shares.lua", "semaphore.lua", "semaphore_acquire.lua");
-const SEM_RELEASE: &str = script!("shares.lua", "semaphore.lua", "semaphore_release.lua");
-const SEM_LEAVE: &str = script!("shares.lua", "semaphore.lua", "semaphore_leave.lua");
-const RENEW_SHARES: &str = script!("shares.lua", "renew_shares.lua");
+const RW_ACQUIRE: &str = script!(
+    "publish.lua",
+    "shares.lua",
+    "rw_state.lua",
+    "rw_acquire.lua"
+);
+const RW_RELEASE: &str = script!(
+    "publish.lua",
+    "shares.lua",
+    "rw_state.lua",
+    "rw_release.lua"
+);
+const RW_LEAVE: &str = script!("publish.lua", "shares.lua", "rw_state.lua", "rw_leave.lua");
+const SEM_ACQUIRE: &str = script!(
+    "publish.lua",
+    "shares.lua",
+    "semaphore.lua",
+    "semaphore_acquire.lua"
+);
+const SEM_RELEASE: &str = script!(
+    "publish.lua",
+    "shares.lua",
+    "semaphore.lua",
+    "semaphore_release.lua"
+);
+const SEM_LEAVE: &str = script!(
+    "publish.lua",
+    "shares.lua",
+    "semaphore.lua",
+    "semaphore_leave.lua"
+);
+const RENEW_SHARES: &str = script!("publish.lua", "shares.lua", "renew_shares.lua");
 
 /// Keys of the read/write lock `rw`: writer, readers, queue, deadlines, fence.
 const RW: [&str; 5] = ["{rw}:w", "{rw}:r", "{rw}:q", "{rw}:d", "{rw}:f"];

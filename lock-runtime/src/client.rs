@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClientBuilder;
 
-use crate::backend::Notifier;
-use crate::backend::{RedisBackend, Target};
+use crate::backend::{Notifier, NotifyTransport as Transport};
+use crate::backend::{RedisBackend, Target as CallTarget};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
@@ -244,9 +244,9 @@ impl Client {
                         error.kind_description()
                     ))
                 })
-                .map(Target::Cluster)?
+                .map(CallTarget::Cluster)?
         } else {
-            Target::Node(seeds[0].clone(), manager_config)
+            CallTarget::Node(seeds[0].clone(), manager_config)
         };
         let backend = RedisBackend::new(target, call_deadline(&config)).map_err(|error| {
             LockError::config(format!(
@@ -255,7 +255,18 @@ impl Client {
                 error.kind_description()
             ))
         })?;
-        let notifier = Notifier::new(seeds, call_deadline(&config))?;
+        let transport = if config.is_cluster() {
+            Transport::Cluster {
+                seeds: seeds
+                    .iter()
+                    .map(|seed| seed.get_connection_info().clone())
+                    .collect(),
+                connect_timeout: config.connect_timeout,
+            }
+        } else {
+            Transport::Node(seeds)
+        };
+        let notifier = Notifier::new(transport, call_deadline(&config))?;
         let core = Core::new(Arc::new(backend), notifier, config.key_prefix.clone());
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),

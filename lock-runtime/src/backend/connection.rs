@@ -24,6 +24,7 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value};
 use tokio::sync::OnceCell;
 
@@ -75,6 +76,31 @@ impl LazyCluster {
             .get_or_try_init(|| self.client.get_async_connection())
             .await
             .cloned()
+    }
+}
+
+impl Link {
+    /// Sends `pipeline` in one round trip: to the server, or on a cluster
+    /// to the primary of `slot` (its commands may be of any slot that
+    /// primary serves; one it does not is answered MOVED). Replies as
+    /// values, the first error reply as the error.
+    pub(crate) async fn pipeline_to(
+        &mut self,
+        pipeline: &Pipeline,
+        slot: Option<u16>,
+    ) -> RedisResult<Vec<Value>> {
+        match (self, slot) {
+            (Link::Cluster(lazy), Some(slot)) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let values = lazy
+                    .get()
+                    .await?
+                    .route_pipeline(pipeline.clone(), 0, pipeline.len(), route)
+                    .await?;
+                values.into_iter().map(Value::extract_error).collect()
+            }
+            (link, _) => pipeline.query_async(link).await,
+        }
     }
 }
 

@@ -13,6 +13,7 @@ mod connection;
 mod notify;
 mod redis_backend;
 mod scripts;
+mod slots;
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use crate::error::LockError;
 use crate::keys::LockKeys;
 
 pub(crate) use connection::{retryable, Target};
-pub(crate) use notify::{wait_for, Notifier, Subscription};
+pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use redis_backend::RedisBackend;
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.

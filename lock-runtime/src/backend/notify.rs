@@ -2,42 +2,103 @@
 //! publishes, not by polling.
 //!
 //! Waiters queue in Redis (see the acquire script). Each queue entry names
-//! the waiter's token and the channel of its client, and a release publishes
-//! the first live waiter's token on that client's channel only: one message,
-//! to one process, waking one waiter, whatever the number of processes
-//! waiting. Each client (so each process with the global client) has one
-//! pub/sub connection subscribed to its own channel, opened when its first
-//! waiter arrives and kept; it serves every key its waiters wait on.
+//! the waiter's token and a channel of its client, and a release publishes
+//! the first live waiter's token on that channel only: one message, to one
+//! process, waking one waiter, whatever the number of processes waiting.
 //!
-//! Messages can be lost (a reconnect). Waiters never rely on them alone:
-//! each also sleeps at most until the holder's key expires or its place in
-//! the queue must be refreshed, and all are woken after a reconnect.
+//! - On one server, each client (so each process with the global client)
+//!   has one pub/sub connection subscribed to its own channel
+//!   `lock-waiters:<id>`, opened when its first waiter arrives and kept; it
+//!   serves every key its waiters wait on ([`node`]).
+//! - On a Redis Cluster, a message published from a script must stay in the
+//!   script's slot, and a classic PUBLISH would be broadcast to every node:
+//!   a client has one channel per slot its waiters wait in,
+//!   `lock-waiters:<id>:{<tag>}` with a tag of that slot, subscribed with
+//!   SSUBSCRIBE on the slot's primary and published with SPUBLISH
+//!   (sharded pub/sub, Redis 7) ([`cluster`]).
+//!
+//! Messages can be lost (a reconnect, a failover, a slot migration). Waiters
+//! never rely on them alone: each also sleeps at most until the holder's key
+//! expires or its place in the queue must be refreshed, and the waiters of
+//! a channel are all woken when it is subscribed again.
 
-use std::collections::HashMap;
+mod cluster;
+mod node;
+
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use redis::ConnectionInfo;
 use tokio::sync::{watch, Notify};
 
-use super::connection::within;
+use super::slots;
 use crate::error::LockError;
 use crate::token::new_token;
 
+/// Where a client listens.
+pub(crate) enum Transport {
+    /// One server: its address, or (for the notifier of a cluster that
+    /// falls back to it) seed nodes tried in turn.
+    Node(Vec<redis::Client>),
+    /// A Redis Cluster, named by its seed nodes.
+    Cluster {
+        seeds: Vec<ConnectionInfo>,
+        connect_timeout: Duration,
+    },
+}
+
 pub(crate) struct Notifier {
-    /// Where to subscribe: the server, or a cluster's seed nodes, tried in
-    /// turn (a published message reaches every node of a cluster).
-    seeds: Vec<redis::Client>,
+    transport: Transport,
     deadline: Duration,
-    /// This client's channel: `lock-waiters:<random id>`.
-    channel: String,
-    /// Local waiters, by token.
-    waiters: Mutex<HashMap<String, Arc<Notify>>>,
-    /// Whether the connection is subscribed to the channel now.
-    ready: watch::Sender<bool>,
+    /// This client's random id, in its channels' names.
+    id: String,
+    /// Local waiters, by token: the slot they wait in (0 on one server)
+    /// and how to wake them.
+    waiters: Mutex<HashMap<String, (u16, Arc<Notify>)>>,
+    /// The slots whose channel the connection listens on now (on one
+    /// server, slot 0 stands for the client's one channel).
+    ready: watch::Sender<Slots>,
+    /// On a cluster: the slots whose channel waiters asked for. Kept once
+    /// asked (at most one subscription per slot a waiter of this client
+    /// ever waited in), so that the next waiter there costs no round trip.
+    wanted: Mutex<HashSet<u16>>,
+    /// Tells the connection task that `wanted` grew.
+    kick: Arc<Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The slots whose channel the connection listens on, and those it
+/// stopped listening on (whose waiters may have missed a message).
+#[derive(Default)]
+pub(crate) struct Slots {
+    listening: HashSet<u16>,
+    lost: HashSet<u16>,
+}
+
+impl Slots {
+    fn contains(&self, slot: &u16) -> bool {
+        self.listening.contains(slot)
+    }
+
+    /// Returns whether it changed.
+    fn insert(&mut self, slot: u16) -> bool {
+        self.listening.insert(slot)
+    }
+
+    fn lose(&mut self, slot: u16) -> bool {
+        let changed = self.listening.remove(&slot);
+        self.lost.insert(slot);
+        changed
+    }
+
+    fn lose_all(&mut self) -> bool {
+        let changed = !self.listening.is_empty();
+        self.lost.extend(self.listening.drain());
+        changed
+    }
 }
 
 /// A waiter's registration. Dropping it forgets the waiter locally.
@@ -65,61 +126,108 @@ impl Drop for Subscription {
 
 impl Notifier {
     pub(crate) fn new(
-        seeds: Vec<redis::Client>,
+        transport: Transport,
         deadline: Duration,
     ) -> Result<Arc<Notifier>, LockError> {
         let id = new_token()?;
         Ok(Arc::new(Notifier {
-            seeds,
+            transport,
             deadline,
-            channel: format!("lock-waiters:{id}"),
+            id,
             waiters: Mutex::new(HashMap::new()),
-            ready: watch::Sender::new(false),
+            ready: watch::Sender::new(Slots::default()),
+            wanted: Mutex::new(HashSet::new()),
+            kick: Arc::new(Notify::new()),
             task: Mutex::new(None),
         }))
     }
 
-    /// The channel this client's waiters are told on.
-    pub(crate) fn channel(&self) -> &str {
-        &self.channel
+    fn is_cluster(&self) -> bool {
+        matches!(self.transport, Transport::Cluster { .. })
     }
 
-    fn waiters(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    /// Where the waiters of the lock whose keys are in `key`'s slot are
+    /// told: the channel to put in their queue entries, and the slot it
+    /// stands for (always 0 on one server).
+    pub(crate) fn channel_for(&self, key: &str) -> (String, u16) {
+        if self.is_cluster() {
+            let slot = slots::slot(key);
+            (self.channel(slot), slot)
+        } else {
+            (self.channel(0), 0)
+        }
+    }
+
+    fn channel(&self, slot: u16) -> String {
+        if self.is_cluster() {
+            format!("lock-waiters:{}:{{{}}}", self.id, slots::tag(slot))
+        } else {
+            format!("lock-waiters:{}", self.id)
+        }
+    }
+
+    /// The slot a channel of this client stands for, if it is one.
+    fn slot_of_channel(&self, channel: &[u8]) -> Option<u16> {
+        let channel = std::str::from_utf8(channel).ok()?;
+        let rest = channel
+            .strip_prefix("lock-waiters:")?
+            .strip_prefix(&self.id)?;
+        if rest.is_empty() {
+            return Some(0);
+        }
+        rest.starts_with(":{").then(|| slots::slot(rest))
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, HashMap<String, (u16, Arc<Notify>)>> {
         self.waiters
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers the waiter `token` if the connection is listening already:
-    /// no round trip, and no message can be missed from here on.
-    pub(crate) fn join_ready(self: &Arc<Self>, token: &str) -> Option<Subscription> {
+    fn wanted(&self) -> MutexGuard<'_, HashSet<u16>> {
+        self.wanted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers the waiter `token` (of `slot`, from [`channel_for`](Self::channel_for))
+    /// if the connection is listening on its channel already: no round
+    /// trip, and no message can be missed from here on.
+    pub(crate) fn join_ready(self: &Arc<Self>, token: &str, slot: u16) -> Option<Subscription> {
         let alive = self.ensure_task();
-        (alive && *self.ready.borrow()).then(|| self.register(token))
+        (alive && self.ready.borrow().contains(&slot)).then(|| self.register(token, slot))
     }
 
     /// Registers the waiter `token` and waits (at most `patience`, and at
-    /// most the call deadline) until the connection listens. If it cannot,
-    /// the registration still works, only without messages: the waiter then
-    /// relies on its timed wake-ups.
+    /// most the call deadline) until the connection listens on its channel.
+    /// If it cannot, the registration still works, only without messages:
+    /// the waiter then relies on its timed wake-ups.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         token: &str,
+        slot: u16,
         patience: Duration,
     ) -> Subscription {
-        let subscription = self.register(token);
+        let subscription = self.register(token, slot);
+        if self.is_cluster() && self.wanted().insert(slot) {
+            self.kick.notify_one();
+        }
         if self.ensure_task() {
             let mut ready = self.ready.subscribe();
             let patience = patience.min(self.deadline);
-            let _ = tokio::time::timeout(patience, ready.wait_for(|ready| *ready)).await;
+            let _ =
+                tokio::time::timeout(patience, ready.wait_for(|ready| ready.contains(&slot))).await;
         }
         subscription
     }
 
-    fn register(self: &Arc<Self>, token: &str) -> Subscription {
+    fn register(self: &Arc<Self>, token: &str, slot: u16) -> Subscription {
         let notify = Arc::clone(
-            self.waiters()
+            &self
+                .waiters()
                 .entry(token.to_owned())
-                .or_insert_with(|| Arc::new(Notify::new())),
+                .or_insert_with(|| (slot, Arc::new(Notify::new())))
+                .1,
         );
         Subscription {
             notifier: Arc::clone(self),
@@ -141,22 +249,71 @@ impl Notifier {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        self.ready.send_replace(false);
-        *task = Some(runtime.spawn(run(Arc::downgrade(self))));
+        self.ready.send_if_modified(Slots::lose_all);
+        let notifier = Arc::downgrade(self);
+        *task = Some(match &self.transport {
+            Transport::Node(_) => runtime.spawn(node::run(notifier)),
+            Transport::Cluster { .. } => runtime.spawn(cluster::run(notifier)),
+        });
         true
     }
 
-    fn dispatch(&self, token: &str) {
-        if let Some(notify) = self.waiters().get(token) {
-            notify.notify_one();
+    /// Ends the connection task if no waiter is registered (decided under
+    /// the task lock: a waiter registering now either is seen here or
+    /// finds no task and starts one). Returns whether it ended.
+    fn end_task_if_idle(&self) -> bool {
+        let mut task = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.waiters().is_empty() {
+            *task = None;
+            return true;
+        }
+        false
+    }
+
+    /// Wakes the waiters named in a message: one token, or several
+    /// separated by spaces (the waiters of this client one release wakes
+    /// together).
+    fn dispatch(&self, tokens: &str) {
+        let waiters = self.waiters();
+        for token in tokens.split(' ') {
+            if let Some((_, notify)) = waiters.get(token) {
+                notify.notify_one();
+            }
         }
     }
 
-    /// After a reconnect, messages may have been lost: every waiter retries.
-    fn wake_all(&self) {
+    /// The connection listens on the channel of `slot` now. If it had
+    /// stopped listening there, messages may have been lost meanwhile: its
+    /// waiters try again.
+    fn set_ready(&self, slot: u16) {
+        let mut lost = false;
+        self.ready.send_if_modified(|slots| {
+            lost = slots.lost.remove(&slot);
+            slots.insert(slot)
+        });
+        if lost {
+            self.wake(|waiter_slot| waiter_slot == slot);
+        }
+    }
+
+    /// The connection stopped listening on the channel of `slot` (or of
+    /// every slot): its waiters try again now, and again once it is back.
+    fn set_lost(&self, slot: Option<u16>) {
+        self.ready.send_if_modified(|slots| match slot {
+            Some(slot) => slots.lose(slot),
+            None => slots.lose_all(),
+        });
+        self.wake(|waiter_slot| slot.is_none_or(|slot| slot == waiter_slot));
+    }
+
+    fn wake(&self, which: impl Fn(u16) -> bool) {
         self.waiters()
             .values()
-            .for_each(|notify| notify.notify_one());
+            .filter(|(slot, _)| which(*slot))
+            .for_each(|(_, notify)| notify.notify_one());
     }
 }
 
@@ -170,70 +327,6 @@ impl Drop for Notifier {
         if let Some(task) = task.take() {
             task.abort();
         }
-    }
-}
-
-/// The connection task: (re)connects, subscribes to the client's channel and
-/// dispatches messages. Ends when its client is gone.
-async fn run(notifier: Weak<Notifier>) {
-    let mut failures = 0u32;
-    let mut seed = 0usize;
-    loop {
-        let Some(this) = notifier.upgrade() else {
-            return;
-        };
-        // After a failure, the next seed node.
-        let redis = &this.seeds[seed % this.seeds.len()];
-        seed += 1;
-        let stream = match within(this.deadline, redis.get_async_pubsub()).await {
-            Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&this.channel))
-                .await
-                .map(|()| pubsub.into_on_message()),
-            Err(error) => Err(error),
-        };
-        let mut stream = match stream {
-            Ok(stream) => stream,
-            Err(error) => {
-                if failures == 0 {
-                    tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
-                }
-                failures += 1;
-                {
-                    // Decided under the task lock: a waiter registering now
-                    // either is seen here or finds no task and starts one.
-                    let mut task = this
-                        .task
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    if this.waiters().is_empty() {
-                        *task = None;
-                        return;
-                    }
-                }
-                drop(this);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        failures = 0;
-        seed -= 1; // stay on the node that works
-        this.ready.send_replace(true);
-        this.wake_all();
-        drop(this);
-        while let Some(message) = stream.next().await {
-            let Some(this) = notifier.upgrade() else {
-                return;
-            };
-            // One token, or several separated by spaces (the waiters of
-            // this client one release wakes together).
-            let tokens: String = message.get_payload().unwrap_or_default();
-            tokens.split(' ').for_each(|token| this.dispatch(token));
-        }
-        let Some(this) = notifier.upgrade() else {
-            return;
-        };
-        this.ready.send_replace(false);
-        tracing::warn!("lock notifications: connection lost; reconnecting");
     }
 }
 

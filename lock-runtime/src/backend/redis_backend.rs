@@ -4,27 +4,34 @@
 //! in `shared.rs`.
 
 mod shared;
+mod slot_map;
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use redis::{Cmd, Value};
+use redis::{Cmd, FromRedisValue, Value};
 
 use super::connection::{Connection, Link, Target};
 use super::scripts::{
     as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
     RELEASE_KEEPING, RENEW, RENEW_SHARES,
 };
+use super::slots::slot;
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use slot_map::{parse_cluster_slots, primary_of, SlotMap};
 
 /// Locks per renewal script call (a script blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;
 
 pub(crate) struct RedisBackend {
     connection: Connection,
+    /// On a Redis Cluster: which primary serves which slot.
+    slot_map: SlotMap,
     /// On a Redis Cluster: renewals are grouped by slot and node, a plain
     /// acquire is `SET NX GET` (a retry recognises its own token).
     cluster: bool,
@@ -35,6 +42,7 @@ impl RedisBackend {
         let cluster = matches!(target, Target::Cluster(_));
         Ok(RedisBackend {
             connection: Connection::new(target, deadline)?,
+            slot_map: SlotMap::default(),
             cluster,
         })
     }
@@ -336,25 +344,25 @@ impl Backend for RedisBackend {
             // shares, permits: members of a sorted set), each by its script,
             // in chunks; all in one pipeline. On a cluster a script call
             // may only touch keys of one slot: the chunks are per slot, and
-            // each slot's calls are one pipeline, all sent at once (they
-            // travel together on each node's connection).
-            let groups: Vec<Vec<usize>> = if self.cluster {
-                let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> =
-                    std::collections::BTreeMap::new();
-                for (i, item) in items.iter().enumerate() {
-                    by_slot.entry(slot(&item.keys.lock)).or_default().push(i);
-                }
-                by_slot.into_values().collect()
+            // the calls of all the slots of one primary are one pipeline
+            // sent to it (one round trip per node; see `slot_map.rs`).
+            let groups = if self.cluster {
+                self.cluster_groups(items).await
             } else {
-                vec![(0..items.len()).collect()]
+                vec![RenewGroup {
+                    route: None,
+                    items: (0..items.len()).collect(),
+                    slots: Vec::new(),
+                }]
             };
             let batches: Vec<Vec<RenewCall<'_>>> = groups
                 .iter()
                 .map(|group| renew_calls(items, group))
                 .collect();
-            let sent = batches
+            let sent = groups
                 .iter()
-                .map(|calls| self.renew_batch(calls, round_trips));
+                .zip(&batches)
+                .map(|(group, calls)| self.renew_batch(calls, group.route, round_trips));
             let replies = futures_util::future::join_all(sent).await;
             let mut found = vec![Found::Gone; items.len()];
             for (calls, replies) in batches.iter().zip(replies) {
@@ -379,17 +387,37 @@ impl Backend for RedisBackend {
     }
 }
 
+/// The renewals sent in one pipeline: to one server, or to one primary of
+/// a cluster (`route`: one of its slots), the items of each slot apart.
+struct RenewGroup {
+    route: Option<u16>,
+    /// On one server: every item.
+    items: Vec<usize>,
+    /// On a cluster: the items of each slot.
+    slots: Vec<Vec<usize>>,
+}
+
 /// One renewal script call: its script, the call, the items it renews.
 type RenewCall<'a> = (&'static LuaScript, Cmd, Vec<usize>);
 
-/// The renewal script calls for the items `group` of `items` (all of one
-/// slot on a cluster): locks held by a token by `renew.lua`, shares by
-/// `renew_shares.lua`, in chunks.
-fn renew_calls<'a>(items: &[RenewItem<'_>], group: &[usize]) -> Vec<RenewCall<'a>> {
+/// The renewal script calls for the items of `group`: locks held by a
+/// token by `renew.lua`, shares by `renew_shares.lua`, in chunks (on a
+/// cluster, chunks of one slot each).
+fn renew_calls<'a>(items: &[RenewItem<'_>], group: &RenewGroup) -> Vec<RenewCall<'a>> {
+    let mut calls = Vec::new();
+    if group.slots.is_empty() {
+        renew_calls_of(items, &group.items, &mut calls);
+    }
+    for slot in &group.slots {
+        renew_calls_of(items, slot, &mut calls);
+    }
+    calls
+}
+
+fn renew_calls_of<'a>(items: &[RenewItem<'_>], group: &[usize], calls: &mut Vec<RenewCall<'a>>) {
     let (tokens, shares): (Vec<usize>, Vec<usize>) = group
         .iter()
         .partition(|&&i| matches!(items[i].kind, Kind::Exclusive | Kind::Write));
-    let mut calls: Vec<RenewCall<'a>> = Vec::new();
     for chunk in tokens.chunks(LOCKS_PER_CALL) {
         let mut call = redis::cmd("EVALSHA");
         call.arg(RENEW.hash()).arg(chunk.len());
@@ -430,15 +458,86 @@ fn renew_calls<'a>(items: &[RenewItem<'_>], group: &[usize]) -> Vec<RenewCall<'a
         }
         calls.push((&RENEW_SHARES, call, chunk.to_vec()));
     }
-    calls
 }
 
 impl RedisBackend {
-    /// Sends `calls` as one pipeline (one round trip), retried on a fresh
-    /// connection within the deadline; their replies in order.
+    /// The renewals of `items` grouped by the primary that serves their
+    /// slots (by slot alone if the slot map cannot be had).
+    async fn cluster_groups(&self, items: &[RenewItem<'_>]) -> Vec<RenewGroup> {
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_slot.entry(slot(&item.keys.lock)).or_default().push(i);
+        }
+        let ranges = match self.slot_map.get() {
+            Some(ranges) => Some(ranges),
+            None => self.fetch_slot_map().await,
+        };
+        let mut groups: Vec<RenewGroup> = Vec::new();
+        let mut of_node: HashMap<&str, usize> = HashMap::new();
+        for (slot, items) in by_slot {
+            // A slot the map does not place: a pipeline of its own.
+            let node = ranges
+                .as_deref()
+                .and_then(|ranges| primary_of(ranges, slot));
+            let at = match node.and_then(|node| of_node.get(node)) {
+                Some(&at) => at,
+                None => {
+                    groups.push(RenewGroup {
+                        route: Some(slot),
+                        items: Vec::new(),
+                        slots: Vec::new(),
+                    });
+                    if let Some(node) = node {
+                        of_node.insert(node, groups.len() - 1);
+                    }
+                    groups.len() - 1
+                }
+            };
+            groups[at].slots.push(items);
+        }
+        groups
+    }
+
+    /// Fetches the slot map (`CLUSTER SLOTS`); `None` if it cannot.
+    async fn fetch_slot_map(&self) -> Option<Arc<Vec<(u16, u16, String)>>> {
+        let reply: Value = self
+            .connection
+            .call(|mut connection, _| async move {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut connection)
+                    .await
+            })
+            .await
+            .ok()?;
+        Some(self.slot_map.set(parse_cluster_slots(&reply)?))
+    }
+
+    /// The renewal `calls`, each sent by itself (routed by its keys), all
+    /// at once: after a redirection showed the slot map stale.
+    async fn renew_one_by_one(
+        &self,
+        calls: &[RenewCall<'_>],
+        connection: &Link,
+    ) -> redis::RedisResult<Vec<Vec<i64>>> {
+        let scripts = self.connection.scripts();
+        let sent = calls.iter().map(|(script, call, _)| {
+            let mut connection = connection.clone();
+            async move { run::<Vec<i64>>(script, call, &mut connection, scripts).await }
+        });
+        futures_util::future::join_all(sent)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Sends `calls` as one pipeline (one round trip: to the server, or to
+    /// the primary of the slot `route`), retried on a fresh connection
+    /// within the deadline; their replies in order.
     async fn renew_batch(
         &self,
         calls: &[RenewCall<'_>],
+        route: Option<u16>,
         round_trips: &AtomicU64,
     ) -> redis::RedisResult<Vec<Vec<i64>>> {
         let scripts = self.connection.scripts();
@@ -455,17 +554,31 @@ impl RedisBackend {
             }
             pipe
         };
+        let query = |mut connection: Link, pipe: redis::Pipeline, route: Option<u16>| async move {
+            let values = connection.pipeline_to(&pipe, route).await?;
+            values
+                .iter()
+                .map(|value| Vec::<i64>::from_redis_value_ref(value).map_err(Into::into))
+                .collect()
+        };
         self.connection
-            .call(|mut connection, _| {
-                let pipeline = &pipeline;
+            .call(|connection, attempt| {
+                let (pipeline, query) = (&pipeline, &query);
                 async move {
                     round_trips.fetch_add(1, Ordering::Relaxed);
-                    let result = match pipeline(false).query_async(&mut connection).await {
+                    // A retry after a redirection: the slot map was stale;
+                    // each call by itself, routed by its keys.
+                    let route = route.filter(|_| attempt == 0);
+                    if route.is_none() && attempt > 0 && self.cluster {
+                        self.slot_map.forget();
+                        return self.renew_one_by_one(calls, &connection).await;
+                    }
+                    let result = match query(connection.clone(), pipeline(false), route).await {
                         Err(error) if is_noscript(&error) => {
                             // Redis restarted, failed over or flushed its
                             // script cache: the same calls as EVAL.
                             round_trips.fetch_add(1, Ordering::Relaxed);
-                            pipeline(true).query_async(&mut connection).await
+                            query(connection, pipeline(true), route).await
                         }
                         result => result,
                     };
@@ -478,49 +591,5 @@ impl RedisBackend {
                 }
             })
             .await
-    }
-}
-
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the
-/// text between the first `{` and the next `}`, if not empty) or of the
-/// whole key, modulo 16384.
-pub(crate) fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(bytes)) % 16384
-}
-
-/// CRC16-CCITT (XMODEM), as Redis Cluster computes it.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slot;
-
-    #[test]
-    fn slots_match_redis_cluster() {
-        // Values from CLUSTER KEYSLOT.
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("123456789"), 12739);
-        assert_eq!(slot("{user1000}.following"), slot("user1000"));
-        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
-        assert_eq!(slot("lock:{order:42}:queue"), slot("order:42"));
     }
 }

@@ -105,9 +105,16 @@ pub(crate) async fn run<T: FromRedisValue>(
 // head of the queue while the lock is held rewrites the mark (docs/design.md
 // §4).
 
-/// `mark.lua` and `prune.lua`: helpers put in front of the scripts that use
-/// them.
-const HELPERS: &str = concat!(include_str!("lua/mark.lua"), include_str!("lua/prune.lua"));
+/// `publish.lua`: PUBLISH, or SPUBLISH for a cluster's per-slot channel.
+const PUBLISH: &str = include_str!("lua/publish.lua");
+
+/// `publish.lua`, `mark.lua` and `prune.lua`: helpers put in front of the
+/// scripts that use them.
+const HELPERS: &str = concat!(
+    include_str!("lua/publish.lua"),
+    include_str!("lua/mark.lua"),
+    include_str!("lua/prune.lua")
+);
 
 /// `lua/acquire.lua`: take a free lock (maybe with a fencing token), or
 /// join the queue.
@@ -116,7 +123,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 
 /// `lua/release.lua`: compare-and-delete, waking the marked waiter.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/release.lua"), 2));
+    LazyLock::new(|| LuaScript::new(&[PUBLISH, include_str!("lua/release.lua")].concat(), 2));
 
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
@@ -139,8 +146,12 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 // its own token and its own expiry, a score on the server clock in a sorted
 // set (docs/design.md §11). Their helpers are fragments put in front.
 
-/// `shares.lua`: the server clock, `expire_at_least`, grouped publishing.
-const SHARES: &str = include_str!("lua/shares.lua");
+/// `publish.lua` and `shares.lua`: the server clock, `expire_at_least`,
+/// grouped publishing.
+const SHARES: &str = concat!(
+    include_str!("lua/publish.lua"),
+    include_str!("lua/shares.lua")
+);
 
 /// `lua/rw_acquire.lua`: take a read share or the write side.
 pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {

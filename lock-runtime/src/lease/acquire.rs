@@ -323,7 +323,8 @@ impl Acquisition<'_> {
         // The place in the queue is given up if the waiter stops waiting.
         let notifier = self.core.notifier();
         let kind = self.settings.kind;
-        let member = kind.queue_entry(notifier.channel(), &token);
+        let (channel, slot) = notifier.channel_for(&self.keys.lock);
+        let member = kind.queue_entry(&channel, &token);
         let mut place = QueuePlace {
             kind,
             core: &self.core,
@@ -331,7 +332,7 @@ impl Acquisition<'_> {
             member: member.clone(),
             left: false,
         };
-        let mut subscription = notifier.join_ready(&token);
+        let mut subscription = notifier.join_ready(&token, slot);
         let mut respect = respect;
         let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
@@ -373,7 +374,11 @@ impl Acquisition<'_> {
                 // Not longer than a refresh interval, so the place just
                 // taken in the queue cannot expire meanwhile.
                 let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
-                subscription = Some(notifier.subscribe(&token, left.min(QUEUE_REFRESH)).await);
+                subscription = Some(
+                    notifier
+                        .subscribe(&token, slot, left.min(QUEUE_REFRESH))
+                        .await,
+                );
                 continue;
             }
             // A holder that just handed over lets its waiter go first only

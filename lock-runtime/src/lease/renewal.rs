@@ -51,6 +51,9 @@ pub struct RenewalStats {
     pub active: usize,
     /// Renewals sent (one per lock per renewal).
     pub renewals_sent: u64,
+    /// Batches of renewals sent (the locks due together; one round trip to
+    /// a server, one per primary they are on in a Redis Cluster).
+    pub batches: u64,
     /// Round trips to Redis made by the driver (each carries many renewals).
     pub round_trips: u64,
     /// Round trips that failed or timed out (their locks were retried).
@@ -64,6 +67,7 @@ pub struct RenewalStats {
 #[derive(Default)]
 struct Counters {
     renewals_sent: AtomicU64,
+    batches: AtomicU64,
     round_trips: AtomicU64,
     failed_round_trips: AtomicU64,
     late_renewals: AtomicU64,
@@ -223,6 +227,7 @@ impl Renewer {
         RenewalStats {
             active: self.registry().entries.len(),
             renewals_sent: load(&self.counters.renewals_sent),
+            batches: load(&self.counters.batches),
             round_trips: load(&self.counters.round_trips),
             failed_round_trips: load(&self.counters.failed_round_trips),
             late_renewals: load(&self.counters.late_renewals),
@@ -347,6 +352,7 @@ impl Renewer {
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         self.backend.renew(&items, &self.counters.round_trips).await
     }
 }

@@ -1,7 +1,7 @@
 -- LEAVE: a waiter gives up its place in the queue (wait over, an error,
 -- cancelled). The holder's wake mark then names the new head; if the lock is
 -- free and the leaver was first in line, the new head is told instead.
--- Preceded by mark.lua and prune.lua.
+-- Preceded by publish.lua, mark.lua and prune.lua.
 --
 -- KEYS[1] lock, KEYS[2] queue, KEYS[3] waiters. ARGV[1] the caller's entry.
 -- Replies 1.
@@ -17,6 +17,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   mark(head)
 elseif first and head then
   local bar = string.find(head, '|', 1, true)
-  redis.call('PUBLISH', string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
+  publish_to(string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
 end
 return 1

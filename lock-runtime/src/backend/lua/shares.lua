@@ -2,7 +2,8 @@
 -- front of their scripts: now_ms() (the server clock in ms, read once per
 -- script), expire_at_least(key, ms), live_queue(queue, deadlines, own), and
 -- publish(entries), which tells the waiters of queue entries `<anything>|<channel>|<token>` with ONE PUBLISH
--- per channel whose message is the space-separated tokens.
+-- per channel whose message is the space-separated tokens. Preceded by
+-- publish.lua.
 
 local now_us = false
 local function now_ms()
@@ -62,7 +63,7 @@ local function publish(entries)
     end
   end
   for _, channel in ipairs(channels) do
-    redis.call('PUBLISH', channel, table.concat(tokens[channel], ' '))
+    publish_to(channel, table.concat(tokens[channel], ' '))
   end
 end
 

@@ -1,0 +1,189 @@
+//! The connection task of a client on a Redis Cluster: one RESP3 cluster
+//! connection (its own, apart from the lock calls') subscribed with
+//! SSUBSCRIBE to the channel of every slot the client's waiters asked for,
+//! each on the primary of its slot.
+//!
+//! The `redis` crate resubscribes after a reconnect and after a topology
+//! change; this task does not rely on it alone. Whatever the server says
+//! is what counts: a confirmation (`ssubscribe`) makes a slot ready, and a
+//! `sunsubscribe` the server sends (the slot migrated, or its primary
+//! became a replica) or a lost connection makes it not ready, wakes its
+//! waiters (a message may have been lost) and has it subscribed again,
+//! every [`RETRY_PAUSE`] until a confirmation comes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::mpsc;
+
+use super::{Notifier, Transport};
+use crate::backend::connection::within;
+
+/// The pause before connecting or subscribing again after a failure.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+pub(super) async fn run(notifier: Weak<Notifier>) {
+    let Some(this) = notifier.upgrade() else {
+        return;
+    };
+    let Transport::Cluster {
+        seeds,
+        connect_timeout,
+    } = &this.transport
+    else {
+        return;
+    };
+    let (sender, mut pushes) = mpsc::unbounded_channel();
+    let client = ClusterClientBuilder::new(seeds.iter().cloned())
+        .use_protocol(ProtocolVersion::RESP3)
+        .push_sender(sender)
+        .connection_timeout(*connect_timeout)
+        .response_timeout(this.deadline)
+        // A subscription sent to a node that no longer serves the slot is
+        // redirected (MOVED) after a refresh of the slot map.
+        .retries(3)
+        .build();
+    let client = match client {
+        Ok(client) => client,
+        Err(error) => {
+            // Cannot happen: the lock calls' client was built from the same seeds.
+            tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
+            return;
+        }
+    };
+    let kick = Arc::clone(&this.kick);
+    drop(this);
+    let warned = Arc::new(AtomicBool::new(false));
+    let mut connection: Option<ClusterConnection> = None;
+    let mut subscribing: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let Some(this) = notifier.upgrade() else {
+            return;
+        };
+        if connection.is_none() {
+            match within(this.deadline, client.get_async_connection()).await {
+                Ok(opened) => connection = Some(opened),
+                Err(error) => {
+                    if !warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
+                    }
+                    if this.end_task_if_idle() {
+                        return;
+                    }
+                }
+            }
+        }
+        if let Some(connection) = &connection {
+            if subscribing.as_ref().is_none_or(|task| task.is_finished()) {
+                let missing: Vec<u16> = {
+                    let ready = this.ready.borrow();
+                    let wanted = this.wanted();
+                    wanted
+                        .iter()
+                        .filter(|slot| !ready.contains(slot))
+                        .copied()
+                        .collect()
+                };
+                if !missing.is_empty() {
+                    subscribing = Some(tokio::spawn(subscribe_slots(
+                        Weak::clone(&notifier),
+                        connection.clone(),
+                        missing,
+                        Arc::clone(&warned),
+                    )));
+                }
+            }
+        }
+        drop(this);
+        tokio::select! {
+            push = pushes.recv() => match push {
+                Some(push) => match notifier.upgrade() {
+                    Some(this) => handle(&this, push),
+                    None => return,
+                },
+                None => return, // cannot happen: `client` holds the sender
+            },
+            () = kick.notified() => {}
+            () = tokio::time::sleep(RETRY_PAUSE), if connection.is_none() => {}
+        }
+    }
+}
+
+/// Subscribes to the channels of `slots` (one call per slot: a command's
+/// channels must share a slot), then has the task look again.
+async fn subscribe_slots(
+    notifier: Weak<Notifier>,
+    connection: ClusterConnection,
+    slots: Vec<u16>,
+    warned: Arc<AtomicBool>,
+) {
+    let Some(this) = notifier.upgrade() else {
+        return;
+    };
+    let deadline = this.deadline;
+    let kick = Arc::clone(&this.kick);
+    let calls = slots.iter().map(|&slot| {
+        let mut connection = connection.clone();
+        let channel = this.channel(slot);
+        async move { within(deadline, connection.ssubscribe(channel)).await }
+    });
+    let calls: Vec<_> = calls.collect();
+    drop(this);
+    let results = join_all(calls).await;
+    let Some(this) = notifier.upgrade() else {
+        return;
+    };
+    let mut failed = None;
+    for (slot, result) in slots.into_iter().zip(results) {
+        match result {
+            Ok(()) => this.set_ready(slot),
+            Err(error) => failed = Some(error),
+        }
+    }
+    drop(this);
+    match failed {
+        Some(error) => {
+            if !warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%error, "lock notifications: cannot subscribe; waiters fall back to timed retries until it can");
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+        None => warned.store(false, Ordering::Relaxed),
+    }
+    kick.notify_one();
+}
+
+/// What the server pushed: a message, or a change of subscriptions.
+fn handle(this: &Notifier, push: PushInfo) {
+    let channel = match push.data.first() {
+        Some(Value::BulkString(channel)) => this.slot_of_channel(channel),
+        _ => None,
+    };
+    match (push.kind, channel) {
+        (PushKind::SMessage | PushKind::Message, Some(_)) => {
+            if let Some(Value::BulkString(tokens)) = push.data.get(1) {
+                this.dispatch(&String::from_utf8_lossy(tokens));
+            }
+        }
+        (PushKind::SSubscribe, Some(slot)) => this.set_ready(slot),
+        (PushKind::SUnsubscribe, Some(slot)) => {
+            tracing::debug!(
+                slot,
+                "lock notifications: the server unsubscribed a slot; subscribing again"
+            );
+            this.set_lost(Some(slot));
+            this.kick.notify_one();
+        }
+        (PushKind::Disconnection, _) => {
+            tracing::debug!("lock notifications: a cluster connection was lost; subscribing again");
+            this.set_lost(None);
+            this.kick.notify_one();
+        }
+        _ => {}
+    }
+}

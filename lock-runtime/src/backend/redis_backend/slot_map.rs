@@ -1,0 +1,115 @@
+//! Which primary serves which slot, as far as this client last heard
+//! (`CLUSTER SLOTS`): renewals are grouped by it into one pipeline per
+//! primary. A stale map costs nothing but a retry: a call sent to a node
+//! that no longer serves its slot is answered MOVED, and the renewal is
+//! sent again call by call, each routed by its keys, while the map is
+//! fetched again for the next tick.
+
+use std::sync::{Arc, Mutex};
+
+use redis::Value;
+
+/// Slot ranges and the address of the primary serving each.
+type Ranges = Vec<(u16, u16, String)>;
+
+#[derive(Default)]
+pub(crate) struct SlotMap(Mutex<Option<Arc<Ranges>>>);
+
+impl SlotMap {
+    /// The map, if this client has one.
+    pub(crate) fn get(&self) -> Option<Arc<Ranges>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set(&self, ranges: Ranges) -> Arc<Ranges> {
+        let ranges = Arc::new(ranges);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Arc::clone(&ranges));
+        ranges
+    }
+
+    /// The map is stale: fetch it again before the next use.
+    pub(crate) fn forget(&self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+}
+
+/// The primary serving `slot` in `ranges` (sorted by start).
+pub(crate) fn primary_of(ranges: &Ranges, slot: u16) -> Option<&str> {
+    let at = ranges.partition_point(|(start, _, _)| *start <= slot);
+    let (start, end, address) = ranges.get(at.checked_sub(1)?)?;
+    (*start <= slot && slot <= *end).then_some(address.as_str())
+}
+
+/// Decodes a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...],
+/// replicas...], ...]`. `None` if it is not one.
+pub(crate) fn parse_cluster_slots(reply: &Value) -> Option<Ranges> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut parsed = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let int = |value: Option<&Value>| match value {
+            Some(Value::Int(n)) => u16::try_from(*n).ok(),
+            _ => None,
+        };
+        let (start, end) = (int(fields.first())?, int(fields.get(1))?);
+        let Some(Value::Array(primary)) = fields.get(2) else {
+            return None;
+        };
+        let host = match primary.first()? {
+            Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
+            Value::SimpleString(host) => host.clone(),
+            _ => return None,
+        };
+        let port = int(primary.get(1))?;
+        parsed.push((start, end, format!("{host}:{port}")));
+    }
+    parsed.sort();
+    Some(parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_cluster_slots, primary_of};
+    use redis::Value;
+
+    fn range(start: i64, end: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn finds_the_primary_of_a_slot() {
+        let reply = Value::Array(vec![
+            range(10923, 16383, 7002),
+            range(0, 5460, 7000),
+            range(5461, 10922, 7001),
+        ]);
+        let ranges = parse_cluster_slots(&reply).unwrap();
+        assert_eq!(primary_of(&ranges, 0), Some("127.0.0.1:7000"));
+        assert_eq!(primary_of(&ranges, 5461), Some("127.0.0.1:7001"));
+        assert_eq!(primary_of(&ranges, 16383), Some("127.0.0.1:7002"));
+        let partial = parse_cluster_slots(&Value::Array(vec![range(100, 200, 7000)])).unwrap();
+        assert_eq!(primary_of(&partial, 99), None);
+        assert_eq!(primary_of(&partial, 201), None);
+        assert!(parse_cluster_slots(&Value::Int(1)).is_none());
+    }
+}
