@@ -11,15 +11,6 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError};
 
-/// Sends `server` a signal (`-STOP`, `-CONT`).
-fn signal(server: &RedisServer, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([name, &server.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
 }

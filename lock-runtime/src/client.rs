@@ -8,8 +8,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClientBuilder;
 
+use crate::backend::{Ack, RedisBackend, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
-use crate::backend::{RedisBackend, Target as CallTarget};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
@@ -31,6 +31,9 @@ pub struct Config {
     connect_timeout: Duration,
     response_timeout: Duration,
     key_prefix: String,
+    /// Acknowledged mode: replicas that must confirm each acquisition and
+    /// renewal, and how long they are given.
+    acknowledged: Option<(u32, Duration)>,
 }
 
 impl Config {
@@ -59,6 +62,7 @@ impl Config {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
+            acknowledged: None,
         }
     }
 
@@ -122,6 +126,21 @@ impl Config {
         self
     }
 
+    /// Acknowledged mode: every acquisition (and renewal) waits until at
+    /// least `replicas` replicas of the lock's primary have the write
+    /// (Redis `WAIT`, in the same round trip), at most `timeout`. An
+    /// acquisition they do not confirm in time is given back and fails
+    /// with [`LockError::NotReplicated`]; a renewal they do not confirm
+    /// counts as failed (tried again while the lock is valid). This narrows,
+    /// but does not close, the failover window of asynchronous replication
+    /// (docs/design.md §12). `timeout` must be shorter than the response
+    /// timeout (each call waits for it). In-process hand-offs between tasks
+    /// are off in this mode: every holder acquires through Redis.
+    pub fn acknowledged(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.acknowledged = Some((replicas, timeout));
+        self
+    }
+
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
         if self.is_cluster() {
@@ -153,6 +172,20 @@ impl Config {
                 )));
             }
         }
+        if let Some((replicas, timeout)) = self.acknowledged {
+            if replicas == 0 {
+                return Err(LockError::config(
+                    "acknowledged mode with 0 replicas confirms nothing: give at least 1",
+                ));
+            }
+            if timeout < Duration::from_millis(1) || timeout >= self.response_timeout {
+                return Err(LockError::config(format!(
+                    "acknowledged timeout of {timeout:?} must be at least 1 ms and shorter than \
+                     the response timeout ({:?}): each call waits for it",
+                    self.response_timeout
+                )));
+            }
+        }
         if self.key_prefix.contains(['{', '}']) {
             return Err(LockError::config(format!(
                 "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
@@ -173,6 +206,7 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("key_prefix", &self.key_prefix)
+            .field("acknowledged", &self.acknowledged)
             .finish()
     }
 }
@@ -248,13 +282,18 @@ impl Client {
         } else {
             CallTarget::Node(seeds[0].clone(), manager_config)
         };
-        let backend = RedisBackend::new(target, call_deadline(&config)).map_err(|error| {
-            LockError::config(format!(
-                "cannot set up the Redis client for `{}`: {}",
-                config.redacted_url(),
-                error.kind_description()
-            ))
-        })?;
+        let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
+            replicas,
+            timeout_ms: timeout.as_millis() as u64,
+        });
+        let backend =
+            RedisBackend::new(target, call_deadline(&config), acknowledged).map_err(|error| {
+                LockError::config(format!(
+                    "cannot set up the Redis client for `{}`: {}",
+                    config.redacted_url(),
+                    error.kind_description()
+                ))
+            })?;
         let transport = if config.is_cluster() {
             Transport::Cluster {
                 seeds: seeds

@@ -101,6 +101,26 @@ pub enum LockError {
         cause: LostCause,
     },
 
+    /// Acknowledged mode: the primary took the lock, but fewer replicas than
+    /// asked confirmed the write in time. The lock was given back.
+    #[error(
+        "lock `{key}` was not acquired: {} of the {wanted} replicas asked for confirmed the \
+         write within {timeout:?}, so a failover could lose it; it was given back (check the \
+         replicas' health and lag, give a longer acknowledged timeout, or ask for fewer \
+         replicas)",
+        confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string())
+    )]
+    NotReplicated {
+        /// The lock's key, as the caller wrote it.
+        key: String,
+        /// How many replicas confirmed (`None`: unknown, after a retried call).
+        confirmed: Option<u32>,
+        /// How many were asked for.
+        wanted: u32,
+        /// How long they were given.
+        timeout: Duration,
+    },
+
     /// Redis could not be reached or answered with an error.
     #[error(
         "Redis {operation} for lock `{key}` failed: {source} (check that Redis is up and \
@@ -157,7 +177,7 @@ impl From<LockError> for std::io::Error {
         let kind = match &error {
             LockError::Busy { .. } => ErrorKind::WouldBlock,
             LockError::WaitTimeout { .. } => ErrorKind::TimedOut,
-            LockError::Lost { .. } => ErrorKind::Other,
+            LockError::Lost { .. } | LockError::NotReplicated { .. } => ErrorKind::Other,
             LockError::Redis { source, .. } if source.is_timeout() => ErrorKind::TimedOut,
             LockError::Redis { source, .. } if source.is_connection_refusal() => {
                 ErrorKind::ConnectionRefused

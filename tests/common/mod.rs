@@ -79,3 +79,12 @@ pub async fn cohort_holder(
     first.release().await.unwrap();
     holder.await.unwrap()
 }
+
+/// Sends `server` a signal (`-STOP`, `-CONT`).
+pub fn signal(server: &RedisServer, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}

@@ -60,6 +60,57 @@ impl Target {
 pub(crate) enum Link {
     Node(ConnectionManager),
     Cluster(Arc<LazyCluster>),
+    /// Acknowledged mode: each command or pipeline sent on the inner link
+    /// is followed by `WAIT` in the same round trip (so on the connection
+    /// that carried the write), and fails with [`not_replicated`] if fewer
+    /// replicas than asked confirm in time.
+    Acked(Box<Link>, Ack),
+}
+
+/// Acknowledged mode: replicas that must confirm a write, and how long
+/// `WAIT` gives them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ack {
+    pub(crate) replicas: u32,
+    pub(crate) timeout_ms: u64,
+}
+
+/// The error code of a write fewer replicas confirmed than asked.
+const NOT_REPLICATED: &str = "NOTREPLICATED";
+
+/// The error of a write that only `confirmed` replicas confirmed.
+fn not_replicated(confirmed: i64) -> RedisError {
+    redis::make_extension_error(NOT_REPLICATED.to_owned(), Some(confirmed.to_string()))
+}
+
+/// How many replicas confirmed, if `error` says a write was not confirmed.
+pub(crate) fn replicas_confirmed(error: &RedisError) -> Option<u32> {
+    (error.code() == Some(NOT_REPLICATED)).then(|| {
+        error
+            .detail()
+            .and_then(|detail| detail.trim().parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Checks a `WAIT` reply against `ack`.
+fn check_ack(reply: Option<Value>, ack: Ack) -> RedisResult<()> {
+    let confirmed = match reply {
+        Some(Value::Int(confirmed)) => confirmed,
+        Some(other) => return other.extract_error().and(Ok(())),
+        None => 0,
+    };
+    if confirmed < i64::from(ack.replicas) {
+        return Err(not_replicated(confirmed));
+    }
+    Ok(())
+}
+
+/// `pipeline`, then `WAIT`.
+fn with_wait(pipeline: &Pipeline, ack: Ack) -> Pipeline {
+    let mut acked = pipeline.clone();
+    acked.cmd("WAIT").arg(ack.replicas).arg(ack.timeout_ms);
+    acked
 }
 
 /// A cluster connection opened by its first call (the `redis` crate opens
@@ -90,6 +141,13 @@ impl Link {
         slot: Option<u16>,
     ) -> RedisResult<Vec<Value>> {
         match (self, slot) {
+            (Link::Acked(inner, ack), slot) => {
+                let ack = *ack;
+                let mut values =
+                    Box::pin(inner.pipeline_to(&with_wait(pipeline, ack), slot)).await?;
+                check_ack(values.pop(), ack)?;
+                Ok(values)
+            }
             (Link::Cluster(lazy), Some(slot)) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
                 let values = lazy
@@ -112,6 +170,18 @@ impl ConnectionLike for Link {
                 let mut connection = lazy.get().await?;
                 connection.req_packed_command(cmd).await
             }),
+            Link::Acked(inner, ack) => Box::pin(async move {
+                let ack = *ack;
+                let mut pipeline = redis::pipe();
+                pipeline.add_command(cmd.clone());
+                let pipeline = with_wait(&pipeline, ack);
+                let mut values = inner.req_packed_commands(&pipeline, 0, 2).await?;
+                let wait = values.pop();
+                // The write's own error first (NOSCRIPT: sent again as EVAL).
+                let reply = values.pop().unwrap_or(Value::Nil).extract_error()?;
+                check_ack(wait, ack)?;
+                Ok(reply)
+            }),
         }
     }
 
@@ -129,6 +199,13 @@ impl ConnectionLike for Link {
                     .req_packed_commands(pipeline, offset, count)
                     .await
             }),
+            Link::Acked(inner, ack) => Box::pin(async move {
+                let ack = *ack;
+                let acked = with_wait(pipeline, ack);
+                let mut values = inner.req_packed_commands(&acked, offset, count + 1).await?;
+                check_ack(values.pop(), ack)?;
+                Ok(values)
+            }),
         }
     }
 
@@ -136,6 +213,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(manager) => manager.get_db(),
             Link::Cluster(_) => 0,
+            Link::Acked(inner, _) => inner.get_db(),
         }
     }
 }

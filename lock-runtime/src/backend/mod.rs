@@ -23,7 +23,7 @@ use futures_util::future::BoxFuture;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
-pub(crate) use connection::{retryable, Target};
+pub(crate) use connection::{retryable, Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use redis_backend::RedisBackend;
 
@@ -201,4 +201,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// The longest one call may take, its retries included.
     fn call_deadline(&self) -> Duration;
+
+    /// Whether acquisitions and renewals wait for replicas to confirm
+    /// them (acknowledged mode): then no lock is passed between tasks of a
+    /// process without Redis.
+    fn acknowledged(&self) -> bool {
+        false
+    }
 }

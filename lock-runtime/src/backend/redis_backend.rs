@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use redis::{Cmd, FromRedisValue, Value};
 
-use super::connection::{Connection, Link, Target};
+use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
     as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
     RELEASE_KEEPING, RENEW, RENEW_SHARES,
@@ -32,17 +32,24 @@ pub(crate) struct RedisBackend {
     connection: Connection,
     /// On a Redis Cluster: which primary serves which slot.
     slot_map: SlotMap,
+    /// Acknowledged mode (see `Config::acknowledged`).
+    ack: Option<Ack>,
     /// On a Redis Cluster: renewals are grouped by slot and node, a plain
     /// acquire is `SET NX GET` (a retry recognises its own token).
     cluster: bool,
 }
 
 impl RedisBackend {
-    pub(crate) fn new(target: Target, deadline: Duration) -> redis::RedisResult<RedisBackend> {
+    pub(crate) fn new(
+        target: Target,
+        deadline: Duration,
+        ack: Option<Ack>,
+    ) -> redis::RedisResult<RedisBackend> {
         let cluster = matches!(target, Target::Cluster(_));
         Ok(RedisBackend {
             connection: Connection::new(target, deadline)?,
             slot_map: SlotMap::default(),
+            ack,
             cluster,
         })
     }
@@ -53,16 +60,56 @@ impl RedisBackend {
         &self,
         name: &str,
         operation: &'static str,
-        attempt: F,
+        mut attempt: F,
     ) -> Result<T, LockError>
     where
         F: FnMut(Link, u32) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
+        // Acquisitions carry `WAIT` in acknowledged mode.
+        let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
-            .call(attempt)
+            .call(|link, number| attempt(acked(link, ack), number))
             .await
             .map_err(|source| LockError::redis(name, operation, source))
+    }
+
+    /// One acquire, as the request asks (see [`Backend::acquire`]).
+    async fn acquire_once(&self, request: &AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        // Uncontended, without a queue or fencing to honour: one plain
+        // `SET NX PX` (for a reader, a lone reader's `r:<token>` in the
+        // writer key).
+        let plain = !(request.join
+            || request.respect
+            || request.fence_retention_ms.is_some()
+            || request.mine);
+        match request.kind {
+            Kind::Exclusive if plain => return self.set_if_free(request).await,
+            Kind::Exclusive => {}
+            Kind::Read if plain => {
+                if let Some(acquired) = self.lone_reader(request).await? {
+                    return Ok(acquired);
+                }
+                // Someone holds the writer key (a writer, another lone
+                // reader: this one then shares the ZSET, or the gate of
+                // queued waiters), or waiters are queued. The script
+                // decides.
+                return self.acquire_shared(request).await;
+            }
+            _ => return self.acquire_shared(request).await,
+        }
+        self.call(
+            request.keys.name(),
+            "acquire",
+            |mut connection, attempt| async move {
+                let retry = AcquireRequest {
+                    mine: request.mine || attempt > 0,
+                    ..*request
+                };
+                self.acquire_script(&mut connection, &retry).await
+            },
+        )
+        .await
     }
 
     /// `SET key token NX PX ttl`: what an uncontended lock costs. A retry
@@ -154,6 +201,14 @@ impl RedisBackend {
     }
 }
 
+/// `link`, followed by `WAIT` in acknowledged mode.
+fn acked(link: Link, ack: Option<Ack>) -> Link {
+    match ack {
+        Some(ack) => Link::Acked(Box::new(link), ack),
+        None => link,
+    }
+}
+
 /// A script's release code: 1 (or 2: a waiter was told) the caller's
 /// token, 0 gone, -1 another's.
 fn found(code: i64) -> Found {
@@ -170,42 +225,37 @@ impl Backend for RedisBackend {
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
         Box::pin(async move {
-            // Uncontended, without a queue or fencing to honour: one plain
-            // `SET NX PX` (for a reader, a lone reader's `r:<token>` in the
-            // writer key).
-            let plain = !(request.join
-                || request.respect
-                || request.fence_retention_ms.is_some()
-                || request.mine);
-            match request.kind {
-                Kind::Exclusive if plain => return self.set_if_free(&request).await,
-                Kind::Exclusive => {}
-                Kind::Read if plain => {
-                    if let Some(acquired) = self.lone_reader(&request).await? {
-                        return Ok(acquired);
-                    }
-                    // Someone holds the writer key (a writer, another lone
-                    // reader: this one then shares the ZSET, or the gate of
-                    // queued waiters), or waiters are queued. The script
-                    // decides.
-                    return self.acquire_shared(&request).await;
-                }
-                _ => return self.acquire_shared(&request).await,
-            }
-            let request = &request;
-            self.call(
-                request.keys.name(),
-                "acquire",
-                |mut connection, attempt| async move {
-                    let retry = AcquireRequest {
-                        mine: request.mine || attempt > 0,
-                        ..*request
-                    };
-                    self.acquire_script(&mut connection, &retry).await
+            let outcome = self.acquire_once(&request).await;
+            let Some(ack) = self.ack else {
+                return outcome;
+            };
+            let confirmed = match &outcome {
+                Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {
+                    Some(confirmed) => Some(confirmed),
+                    None => return outcome,
                 },
-            )
-            .await
+                // Found taken with this token after a call without an
+                // answer: the `WAIT` of this call may have run on another
+                // connection than the write, and then confirms nothing.
+                Ok(Acquire::Acquired { found: Some(_), .. }) => None,
+                _ => return outcome,
+            };
+            // Given back (if it was taken at all); a failure here leaves
+            // the lock to its ttl.
+            let _ = self
+                .release(request.kind, request.keys, request.token, 0)
+                .await;
+            Err(LockError::NotReplicated {
+                key: request.keys.name().to_owned(),
+                confirmed,
+                wanted: ack.replicas,
+                timeout: Duration::from_millis(ack.timeout_ms),
+            })
         })
+    }
+
+    fn acknowledged(&self) -> bool {
+        self.ack.is_some()
     }
 
     fn release<'a>(
@@ -564,6 +614,7 @@ impl RedisBackend {
         self.connection
             .call(|connection, attempt| {
                 let (pipeline, query) = (&pipeline, &query);
+                let connection = acked(connection, self.ack);
                 async move {
                     round_trips.fetch_add(1, Ordering::Relaxed);
                     // A retry after a redirection: the slot map was stale;

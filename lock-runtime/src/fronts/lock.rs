@@ -209,8 +209,12 @@ impl Lock {
         // Tasks of one client waiting for one key queue in the process
         // behind one of them (`cohort.rs`); `fair` locks, and the kinds
         // other than the exclusive lock, queue in Redis only.
-        let cohorts =
-            (!self.fair && self.kind == Kind::Exclusive).then(|| acquisition.core.cohorts());
+        // Nor do locks in acknowledged mode: each holder's acquisition is
+        // confirmed by replicas.
+        let cohorts = (!self.fair
+            && self.kind == Kind::Exclusive
+            && !acquisition.core.backend().acknowledged())
+        .then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
         if !respect && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
