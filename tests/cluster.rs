@@ -326,3 +326,41 @@ fn no_update_is_lost_across_processes_on_a_cluster() {
         .unwrap();
     assert_eq!(total, 4 * 4 * 10);
 }
+
+/// Mutual exclusion across OS processes on keys spread over every primary:
+/// 3 processes x 12 keys x 2 tasks, a non-atomic counter per key.
+#[test]
+fn no_update_is_lost_on_keys_spread_over_the_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let counter_server = RedisServer::start();
+    let url = cluster_url(&cluster);
+    let bookkeeping = counter_server.url();
+    let keys = 12;
+    let primaries: std::collections::BTreeSet<u16> = (0..keys)
+        .filter_map(|k| cluster.primary_of_slot(keyslot(&cluster, &format!("lock:{{spread:{k}}}"))))
+        .collect();
+    assert_eq!(primaries.len(), 3, "the keys cover every primary");
+    let mut workers: Vec<Process> = (0..3)
+        .map(|_| {
+            Process::spawn_with_env(
+                env!("CARGO_BIN_EXE_lock-worker"),
+                &["count-spread", "spread", &keys.to_string(), "2", "5"],
+                Some(&url),
+                &[("BOOKKEEPING_URL", &bookkeeping)],
+            )
+        })
+        .collect();
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT * 4), "done");
+    }
+    for k in 0..keys {
+        let total: i64 = value(&redis(
+            &counter_server,
+            &["GET", &format!("counter:spread:{k}")],
+        ))
+        .unwrap()
+        .parse()
+        .unwrap();
+        assert_eq!(total, 3 * 2 * 5, "spread:{k}");
+    }
+}

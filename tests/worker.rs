@@ -92,6 +92,9 @@ async fn main() {
             )
             .await
         }
+        ["count-spread", prefix, keys, tasks, sections] => {
+            count_spread(prefix, parse(keys), parse(tasks), parse(sections)).await
+        }
         ["lottery", date, instances] => lottery(date, parse(instances)).await,
         ["hold", key, ttl_ms] => hold(key, parse(ttl_ms)).await,
         ["slow-holder", key] => slow_holder(key).await,
@@ -207,6 +210,30 @@ async fn count(key: &str, tasks: usize, sections: usize, counter: &str, unlocked
                 }
             }
         }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    say("done");
+}
+
+/// `count` on `keys` locks `<prefix>:<k>` at once (spread over a cluster's
+/// slots), `tasks` tasks each, with the counter `counter:<prefix>:<k>`.
+async fn count_spread(prefix: &str, keys: usize, tasks: usize, sections: usize) {
+    let mut handles = Vec::new();
+    for k in 0..keys {
+        for _ in 0..tasks {
+            let key = format!("{prefix}:{k}");
+            let counter = format!("counter:{key}");
+            handles.push(tokio::spawn(async move {
+                let mut redis = bookkeeping().await;
+                for _ in 0..sections {
+                    locked_section(&key, &mut redis, &counter)
+                        .await
+                        .expect("section under lock");
+                }
+            }));
+        }
     }
     for handle in handles {
         handle.await.unwrap();

@@ -78,7 +78,40 @@ impl RedisCluster {
             )));
         }
         cluster.wait_until_ok()?;
+        cluster.wait_for_replicas(primaries * replicas)?;
         Ok(cluster)
+    }
+
+    /// Waits (bounded) until `count` nodes are replicas (`redis-cli` makes
+    /// them so after the cluster is ok) and every one is in sync with its
+    /// primary.
+    fn wait_for_replicas(&self, count: usize) -> io::Result<()> {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let info = self.nodes_info();
+            let replicas: Vec<u16> = info
+                .lines()
+                .filter(|line| line.contains("slave"))
+                .filter_map(node_port)
+                .collect();
+            let synced = replicas.len() == count
+                && replicas.iter().all(|&port| {
+                    command(port, &["INFO", "replication"])
+                        .is_ok_and(|info| info.contains("master_link_status:up"))
+                });
+            if synced {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the test cluster's {count} replicas were not in sync within {SETTLE:?}"
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn start_node(&self, index: usize) -> io::Result<RedisServer> {
