@@ -126,9 +126,12 @@ async fn a_manual_failover_keeps_every_lock_and_wakes_waiters() {
     })
     .await;
     cluster.wait_until_ok().unwrap();
-    // The waiter's client listens on the new primary.
-    wait_until_async("the subscription follows the slot", LINE_TIMEOUT, || {
+    // The waiter's client listens in the slot's shard: on the new primary,
+    // or still on the old one (a replica now, which gets the shard's
+    // messages too) if it did not unsubscribe it.
+    wait_until_async("the subscription stays in the shard", LINE_TIMEOUT, || {
         shard_channels(replica).contains("lock-waiters:")
+            || shard_channels(primary).contains("lock-waiters:")
     })
     .await;
     // Two renewal rounds on the new primary.
@@ -365,4 +368,44 @@ async fn a_resharded_slot_keeps_its_lock_and_wakes_its_waiter() {
         .unwrap();
     taken.release().await.unwrap();
     assert_eq!(one.renewal_stats().lost, 0);
+}
+
+/// The notification connection to a primary is killed (`CLIENT KILL TYPE
+/// pubsub`) while a waiter waits there: the subscription comes back, and
+/// the release wakes the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscription_comes_back() {
+    let cluster = RedisCluster::start(3, 0);
+    let (one, other) = (client(&cluster), client(&cluster));
+    let primary = cluster.primaries()[0];
+    let (on, _) = names_on(&cluster, primary, 1);
+    let guard = Lock::new(on[0].as_str())
+        .ttl(Duration::from_secs(30))
+        .client(one.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock = Lock::new(on[0].as_str())
+            .wait(Duration::from_secs(60))
+            .client(other.clone());
+        async move { lock.acquire().await }
+    });
+    wait_until_async("the waiter listens", LINE_TIMEOUT, || {
+        shard_channels(primary).contains("lock-waiters:")
+    })
+    .await;
+    let killed = test_support::command(primary, &["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+    assert_eq!(killed, ":1\r\n");
+    wait_until_async("the subscription comes back", LINE_TIMEOUT, || {
+        shard_channels(primary).contains("lock-waiters:")
+    })
+    .await;
+    guard.release().await.unwrap();
+    let taken = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    taken.release().await.unwrap();
 }
