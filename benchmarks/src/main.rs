@@ -10,6 +10,7 @@ mod compare;
 mod implementations;
 mod process_usage;
 mod renewal;
+mod target;
 
 use std::process::ExitCode;
 

@@ -8,6 +8,7 @@ use test_support::RedisServer;
 
 use crate::option;
 use crate::process_usage::{cpu_time, redis_cpu, resident_bytes};
+use crate::target::{node_url, Target};
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
     let counts: Vec<usize> = option(args, "--locks")
@@ -49,7 +50,68 @@ pub(crate) async fn run(
     ttl: Duration,
     hold: Duration,
 ) -> (String, bool) {
-    let client = Client::new(Config::new(server.url())).expect("client");
+    let held = hold_renewed(server, count, ttl, hold, true).await;
+    let row = format!(
+        "| {count} | {:.0} | {:.1} | {:.0} | {} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core | {} |",
+        held.renewals / held.elapsed,
+        held.round_trips / held.elapsed,
+        held.renewals / held.round_trips.max(1.0),
+        held.missed,
+        held.lost,
+        held.failed_round_trips,
+        held.resident_per_lock,
+        100.0 * held.client_cpu / held.elapsed,
+        1e6 * held.client_cpu / held.renewals.max(1.0),
+        100.0 * held.redis_cpu / held.elapsed,
+        held.pings.as_deref().unwrap_or(""),
+    );
+    (row, held.kept())
+}
+
+/// What [`hold_renewed`] measured while the locks were held.
+pub(crate) struct Renewed {
+    pub(crate) count: usize,
+    /// Seconds the locks were held (measured).
+    pub(crate) elapsed: f64,
+    /// Renewals sent while held.
+    pub(crate) renewals: f64,
+    /// Round trips to Redis made for them (one per primary of a batch on a
+    /// cluster).
+    pub(crate) round_trips: f64,
+    pub(crate) failed_round_trips: u64,
+    /// Renewals confirmed after the lock's local validity ran out.
+    pub(crate) missed: u64,
+    /// Locks found lost by the driver, or not held at the end.
+    pub(crate) lost: u64,
+    /// Locks still held at the end.
+    pub(crate) held: usize,
+    pub(crate) resident_per_lock: f64,
+    /// This process's CPU seconds while held.
+    pub(crate) client_cpu: f64,
+    /// Redis's CPU seconds while held (every node's).
+    pub(crate) redis_cpu: f64,
+    /// Another client's PING p50 / p99 / max afterwards, if probed.
+    pub(crate) pings: Option<String>,
+}
+
+impl Renewed {
+    /// Every lock kept, no renewal missed.
+    pub(crate) fn kept(&self) -> bool {
+        self.missed == 0 && self.held == self.count
+    }
+}
+
+/// Takes `count` renewed locks (`bench:renewal:<n>`: spread over the slots
+/// of a cluster) with one client, holds them for `hold` and measures; then,
+/// if `probe`, PINGs the (first) server from another client for up to 10 s.
+pub(crate) async fn hold_renewed(
+    server: &impl Target,
+    count: usize,
+    ttl: Duration,
+    hold: Duration,
+    probe: bool,
+) -> Renewed {
+    let client = Client::new(Config::new(server.client_url())).expect("client");
     // Warm the connection so its buffers are not counted per lock.
     Lock::new("warm-up")
         .client(client.clone())
@@ -96,29 +158,36 @@ pub(crate) async fn run(
     // Then, apart from the CPU figures: another client of the same Redis,
     // pinging every 5 ms, shows what the renewals' script calls cost
     // everyone else in latency.
-    let pings = probe_latency(&server.url(), hold.min(Duration::from_secs(10))).await;
+    let pings = if probe {
+        Some(
+            probe_latency(
+                &node_url(server.ports()[0]),
+                hold.min(Duration::from_secs(10)),
+            )
+            .await,
+        )
+    } else {
+        None
+    };
     let held = guards.iter().filter(|guard| guard.is_held()).count();
-
-    let renewals = (stats.renewals_sent - stats_before.renewals_sent) as f64;
-    let round_trips = (stats.round_trips - stats_before.round_trips) as f64;
-    let missed = stats.late_renewals;
-    let row = format!(
-        "| {count} | {:.0} | {:.1} | {:.0} | {missed} | {} | {} | {:.0} B | {:.1} % of a core ({:.2} µs per renewal) | {:.1} % of a core | {} |",
-        renewals / elapsed,
-        round_trips / elapsed,
-        renewals / round_trips.max(1.0),
-        stats.lost + (count - held) as u64,
-        stats.failed_round_trips,
-        (resident_held.saturating_sub(resident_before)) as f64 / count as f64,
-        100.0 * cpu / elapsed,
-        1e6 * cpu / renewals.max(1.0),
-        100.0 * redis / elapsed,
+    let renewed = Renewed {
+        count,
+        elapsed,
+        renewals: (stats.renewals_sent - stats_before.renewals_sent) as f64,
+        round_trips: (stats.round_trips - stats_before.round_trips) as f64,
+        failed_round_trips: stats.failed_round_trips,
+        missed: stats.late_renewals,
+        lost: stats.lost + (count - held) as u64,
+        held,
+        resident_per_lock: (resident_held.saturating_sub(resident_before)) as f64 / count as f64,
+        client_cpu: cpu,
+        redis_cpu: redis,
         pings,
-    );
+    };
     for guard in guards {
         let _ = guard.release().await;
     }
-    (row, missed == 0 && held == count)
+    renewed
 }
 
 /// PINGs Redis every 5 ms for `period` on a connection of its own; returns
