@@ -563,6 +563,9 @@ pub(crate) struct Contention {
     pub(crate) mean_hold: Duration,
     /// Per section, every node's.
     pub(crate) redis_cpu: Duration,
+    /// This process's, per section (the contenders' start and the
+    /// sections' counter commands included).
+    pub(crate) client_cpu: Duration,
     pub(crate) counter_ok: bool,
 }
 
@@ -645,6 +648,7 @@ pub(crate) async fn w3(
         }
     }
     let cpu_before = redis_cpu(server);
+    let client_before = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..contenders {
@@ -694,6 +698,7 @@ pub(crate) async fn w3(
         per_contender.push(task.await.unwrap());
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let client_cpu = (cpu_time() - client_before) / sections as u32;
     let redis_cpu = (redis_cpu(server) - cpu_before) / sections as u32;
     let counter: i64 = test_support::command(counter_port, &["GET", &counter_key])
         .ok()
@@ -717,6 +722,7 @@ pub(crate) async fn w3(
         busiest: *per_contender.iter().max().unwrap() as f64 / sections as f64,
         mean_hold,
         redis_cpu,
+        client_cpu,
         counter_ok: counter == sections as i64,
     }
 }

@@ -4,8 +4,10 @@
 //! ```text
 //! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
 //! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]
+//! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! ```
 
+mod cluster;
 mod compare;
 mod implementations;
 mod process_usage;
@@ -19,10 +21,12 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("renewal") => renewal::main(&args[1..]),
         Some("compare") => compare::main(&args[1..]),
+        Some("cluster") => cluster::main(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
-                 lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]"
+                 lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
+                 lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]"
             );
             ExitCode::FAILURE
         }

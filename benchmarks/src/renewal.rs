@@ -71,10 +71,14 @@ pub(crate) async fn run(
 /// What [`hold_renewed`] measured while the locks were held.
 pub(crate) struct Renewed {
     pub(crate) count: usize,
+    /// Seconds taken to acquire the locks (64 at a time).
+    pub(crate) taking: f64,
     /// Seconds the locks were held (measured).
     pub(crate) elapsed: f64,
     /// Renewals sent while held.
     pub(crate) renewals: f64,
+    /// Renewal batches (the locks due together) sent while held.
+    pub(crate) batches: f64,
     /// Round trips to Redis made for them (one per primary of a batch on a
     /// cluster).
     pub(crate) round_trips: f64,
@@ -122,6 +126,7 @@ pub(crate) async fn hold_renewed(
         .await
         .unwrap();
     let resident_before = resident_bytes();
+    let taking = Instant::now();
     let mut guards: Vec<LockGuard> = Vec::with_capacity(count);
     let mut pending = tokio::task::JoinSet::new();
     for n in 0..count {
@@ -144,6 +149,7 @@ pub(crate) async fn hold_renewed(
     while let Some(guard) = pending.join_next().await {
         guards.push(guard.unwrap().expect("acquire"));
     }
+    let taking = taking.elapsed().as_secs_f64();
     let resident_held = resident_bytes();
 
     let stats_before = client.renewal_stats();
@@ -172,8 +178,10 @@ pub(crate) async fn hold_renewed(
     let held = guards.iter().filter(|guard| guard.is_held()).count();
     let renewed = Renewed {
         count,
+        taking,
         elapsed,
         renewals: (stats.renewals_sent - stats_before.renewals_sent) as f64,
+        batches: (stats.batches - stats_before.batches) as f64,
         round_trips: (stats.round_trips - stats_before.round_trips) as f64,
         failed_round_trips: stats.failed_round_trips,
         missed: stats.late_renewals,
