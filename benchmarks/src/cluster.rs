@@ -477,6 +477,13 @@ fn table(
     );
     row(
         &w4_label,
+        "renewals per script call (EVALSHA)",
+        format!("{:.1}", single.renewals / single.script_calls.max(1.0)),
+        format!("{:.1}", cluster.renewals / cluster.script_calls.max(1.0)),
+        String::new(),
+    );
+    row(
+        &w4_label,
         "**round trips per batch**",
         format!("{:.2}", trips_per_batch(single)),
         format!("{:.2}", trips_per_batch(cluster)),

@@ -57,6 +57,22 @@ pub(crate) fn redis_reads(target: &impl Target) -> u64 {
         .sum()
 }
 
+/// Calls of `command` (lower case, e.g. `evalsha`) Redis has run (INFO
+/// commandstats); every node's, for a cluster.
+pub(crate) fn calls(target: &impl Target, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    target
+        .ports()
+        .into_iter()
+        .filter_map(|port| {
+            info(port, "commandstats")
+                .lines()
+                .find_map(|line| line.strip_prefix(prefix.as_str()))
+                .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 /// The raw reply of `INFO section` from the server on `port` (empty if it
 /// does not answer).
 pub(crate) fn info(port: u16, section: &str) -> String {

@@ -7,7 +7,7 @@ use lock_runtime::{Client, Config, Lock, LockGuard};
 use test_support::RedisServer;
 
 use crate::option;
-use crate::process_usage::{cpu_time, redis_cpu, resident_bytes};
+use crate::process_usage::{calls, cpu_time, redis_cpu, resident_bytes};
 use crate::target::{node_url, Target};
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
@@ -83,6 +83,8 @@ pub(crate) struct Renewed {
     /// cluster).
     pub(crate) round_trips: f64,
     pub(crate) failed_round_trips: u64,
+    /// Script calls (EVALSHA, EVAL) Redis ran while held, every node's.
+    pub(crate) script_calls: f64,
     /// Renewals confirmed after the lock's local validity ran out.
     pub(crate) missed: u64,
     /// Locks found lost by the driver, or not held at the end.
@@ -155,12 +157,14 @@ pub(crate) async fn hold_renewed(
     let stats_before = client.renewal_stats();
     let cpu_before = cpu_time();
     let redis_before = redis_cpu(server);
+    let scripts_before = script_calls(server);
     let started = Instant::now();
     tokio::time::sleep(hold).await;
     let elapsed = started.elapsed().as_secs_f64();
     let stats = client.renewal_stats();
     let cpu = (cpu_time() - cpu_before).as_secs_f64();
     let redis = (redis_cpu(server) - redis_before).as_secs_f64();
+    let scripts = script_calls(server) - scripts_before;
     // Then, apart from the CPU figures: another client of the same Redis,
     // pinging every 5 ms, shows what the renewals' script calls cost
     // everyone else in latency.
@@ -184,6 +188,7 @@ pub(crate) async fn hold_renewed(
         batches: (stats.batches - stats_before.batches) as f64,
         round_trips: (stats.round_trips - stats_before.round_trips) as f64,
         failed_round_trips: stats.failed_round_trips,
+        script_calls: scripts as f64,
         missed: stats.late_renewals,
         lost: stats.lost + (count - held) as u64,
         held,
@@ -196,6 +201,11 @@ pub(crate) async fn hold_renewed(
         let _ = guard.release().await;
     }
     renewed
+}
+
+/// Script calls (EVALSHA, EVAL) every node of `server` has run.
+fn script_calls(server: &impl Target) -> u64 {
+    calls(server, "evalsha") + calls(server, "eval")
 }
 
 /// PINGs Redis every 5 ms for `period` on a connection of its own; returns
