@@ -31,8 +31,9 @@ use crate::implementations::{
     attribute_pair, attribute_section, attribute_wait_pair, Kind, Locker, TTL,
 };
 use crate::option;
-use crate::process_usage::{cpu_time, redis_cpu, redis_reads};
+use crate::process_usage::{cpu_time, info, redis_cpu, redis_reads};
 use crate::renewal;
+use crate::target::{node_url, Target};
 
 const W1_KINDS: [Kind; 8] = [
     Kind::Manual,
@@ -193,8 +194,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         for kind in W3_KINDS.into_iter().filter(picked) {
             // The same sections by one contender: Redis's work without
             // contention, to see what contention adds (polling would show).
-            let alone = runtime.block_on(w3(&server, kind, sections / 4, 1, false));
-            let result = runtime.block_on(w3(&server, kind, sections, CONTENDERS, false));
+            let alone = runtime.block_on(w3(&server, kind, sections / 4, 1, false, false));
+            let result = runtime.block_on(w3(&server, kind, sections, CONTENDERS, false, false));
             let bound = |rtt: Duration| 1.0 / (result.mean_hold + rtt * 2).as_secs_f64();
             report.push_str(&format!(
                 "| {} | {:.0} | {:.2} | {:.2} | {} / {} / {} ms | {} / {} ms | {:.1} % | {:.0} µs | {:.1} | {} |\n",
@@ -258,7 +259,7 @@ fn w7(
         .into_iter()
         .filter(picked)
         .map(|kind| {
-            let result = runtime.block_on(w3(server, kind, sections, CONTENDERS, true));
+            let result = runtime.block_on(w3(server, kind, sections, CONTENDERS, true, false));
             (kind, result)
         })
         .collect();
@@ -292,16 +293,16 @@ fn w7(
     report
 }
 
-fn ms(duration: Duration) -> String {
+pub(crate) fn ms(duration: Duration) -> String {
     format!("{:.2}", duration.as_secs_f64() * 1e3)
 }
 
-fn percentile(samples: &mut [Duration], q: f64) -> Duration {
+pub(crate) fn percentile(samples: &mut [Duration], q: f64) -> Duration {
     samples.sort();
     samples[((samples.len() - 1) as f64 * q).round() as usize]
 }
 
-fn machine(server: &RedisServer) -> String {
+pub(crate) fn machine(server: &RedisServer) -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()
@@ -320,14 +321,19 @@ fn machine(server: &RedisServer) -> String {
     )
 }
 
-/// Total commands Redis has run (INFO commandstats).
-fn commands(server: &RedisServer) -> u64 {
-    server
-        .command(&["INFO", "commandstats"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+/// Total commands Redis has run (INFO commandstats); every node's, for a
+/// cluster.
+pub(crate) fn commands(target: &impl Target) -> u64 {
+    target
+        .ports()
+        .into_iter()
+        .flat_map(|port| {
+            info(port, "commandstats")
+                .lines()
+                .filter_map(|line| line.split("calls=").nth(1))
+                .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
         .sum()
 }
 
@@ -395,7 +401,7 @@ async fn w1_interleaved(
         .collect()
 }
 
-async fn pair(locker: &mut Locker, key: &str) {
+pub(crate) async fn pair(locker: &mut Locker, key: &str) {
     if let Locker::Attribute = locker {
         attribute_pair(key).await.expect("attribute pair");
     } else if let Locker::AttributeWait = locker {
@@ -438,19 +444,7 @@ async fn w2_interleaved(
             let (client_before, server_before) = (cpu_time(), redis_cpu(server));
             let reads_before = redis_reads(server);
             let started = Instant::now();
-            let mut tasks = Vec::new();
-            for task in 0..TASKS {
-                let key = format!("w2:{kind:?}:{task}");
-                let mut locker = shared.for_key(&key);
-                tasks.push(tokio::spawn(async move {
-                    for _ in 0..per_task {
-                        pair(&mut locker, &key).await;
-                    }
-                }));
-            }
-            for task in tasks {
-                task.await.unwrap();
-            }
+            many_keys(shared, &format!("w2:{kind:?}"), TASKS, per_task).await;
             *elapsed += started.elapsed();
             *client_cpu += cpu_time() - client_before;
             *server_cpu += redis_cpu(server) - server_before;
@@ -469,6 +463,24 @@ async fn w2_interleaved(
             reads: reads as f64 / done as f64,
         })
         .collect()
+}
+
+/// W2's round: `tasks` tasks sharing `shared`'s client, each doing
+/// `per_task` pairs on its own key `<prefix>:<task>`.
+pub(crate) async fn many_keys(shared: &Locker, prefix: &str, tasks: usize, per_task: usize) {
+    let mut running = Vec::new();
+    for task in 0..tasks {
+        let key = format!("{prefix}:{task}");
+        let mut locker = shared.for_key(&key);
+        running.push(tokio::spawn(async move {
+            for _ in 0..per_task {
+                pair(&mut locker, &key).await;
+            }
+        }));
+    }
+    for task in running {
+        task.await.unwrap();
+    }
 }
 
 /// (SET NX PX per second, EVALSHA per second, the pairs per second they make).
@@ -543,14 +555,18 @@ async fn ping_rtt(server: &RedisServer, idle: Duration) -> Duration {
     percentile(&mut rtts, 0.5)
 }
 
-struct Contention {
-    rate: f64,
-    wait: [Duration; 3],
-    handoff: [Duration; 2],
-    busiest: f64,
-    mean_hold: Duration,
-    redis_cpu: Duration,
-    counter_ok: bool,
+pub(crate) struct Contention {
+    pub(crate) rate: f64,
+    pub(crate) wait: [Duration; 3],
+    pub(crate) handoff: [Duration; 2],
+    pub(crate) busiest: f64,
+    pub(crate) mean_hold: Duration,
+    /// Per section, every node's.
+    pub(crate) redis_cpu: Duration,
+    /// This process's, per section (the contenders' start and the
+    /// sections' counter commands included).
+    pub(crate) client_cpu: Duration,
+    pub(crate) counter_ok: bool,
 }
 
 #[derive(Default)]
@@ -591,33 +607,56 @@ async fn section(
     samples.last_release = Some(Instant::now());
 }
 
-const CONTENDERS: usize = 8;
+pub(crate) const CONTENDERS: usize = 8;
 
 /// W3 (`shared` false: each contender its own client or connection) and W7
 /// (`shared`: every contender on one client, as the tasks of one process
-/// handling requests for one hot key).
-async fn w3(
-    server: &RedisServer,
+/// handling requests for one hot key). `warm`: the contenders are made, and
+/// take and release the lock once each, before anything is measured
+/// (otherwise their start, connections included, is in the figures); not
+/// for the attribute.
+pub(crate) async fn w3(
+    server: &impl Target,
     kind: Kind,
     sections: usize,
     contenders: usize,
     shared: bool,
+    warm: bool,
 ) -> Contention {
     let key = format!("w3:{kind:?}:{contenders}:{shared}");
-    let one = Locker::new(kind, &server.url(), &key, true).await;
+    let one = Locker::new(kind, &server.client_url(), &key, true).await;
     let counter_key = format!("{key}:counter");
+    // The counter is not the lock: a plain connection to the server that
+    // holds its key.
+    let counter_port = server.port_of(&counter_key);
     let claimed = Arc::new(AtomicUsize::new(0));
     let samples = Arc::new(Mutex::new(Samples::default()));
+    let contender = || async {
+        if shared {
+            one.for_key(&key)
+        } else {
+            Locker::new(kind, &server.client_url(), &key, true).await
+        }
+    };
+    let mut warmed = Vec::new();
+    if warm {
+        for _ in 0..contenders {
+            let mut locker = contender().await;
+            let held = locker.lock().await;
+            locker.unlock(held).await;
+            warmed.push(locker);
+        }
+    }
     let cpu_before = redis_cpu(server);
+    let client_before = cpu_time();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..contenders {
-        let mut locker = if shared {
-            one.for_key(&key)
-        } else {
-            Locker::new(kind, &server.url(), &key, true).await
+        let mut locker = match warmed.pop() {
+            Some(locker) => locker,
+            None => contender().await,
         };
-        let mut counter = redis::Client::open(server.url())
+        let mut counter = redis::Client::open(node_url(counter_port))
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -659,9 +698,9 @@ async fn w3(
         per_contender.push(task.await.unwrap());
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let client_cpu = (cpu_time() - client_before) / sections as u32;
     let redis_cpu = (redis_cpu(server) - cpu_before) / sections as u32;
-    let counter: i64 = server
-        .command(&["GET", &counter_key])
+    let counter: i64 = test_support::command(counter_port, &["GET", &counter_key])
         .ok()
         .and_then(|reply| reply.split("\r\n").nth(1)?.parse().ok())
         .unwrap_or(0);
@@ -683,6 +722,7 @@ async fn w3(
         busiest: *per_contender.iter().max().unwrap() as f64 / sections as f64,
         mean_hold,
         redis_cpu,
+        client_cpu,
         counter_ok: counter == sections as i64,
     }
 }

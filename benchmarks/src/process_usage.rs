@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::target::Target;
+
 /// Resident set size of this process, in bytes.
 pub(crate) fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -29,24 +31,58 @@ pub(crate) fn cpu_time() -> Duration {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
-/// used_cpu_sys + used_cpu_user of the Redis server, from INFO cpu.
-pub(crate) fn redis_cpu(server: &test_support::RedisServer) -> Duration {
-    let info = server.command(&["INFO", "cpu"]).unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Duration::from_secs_f64(field("used_cpu_sys:") + field("used_cpu_user:"))
+/// used_cpu_sys + used_cpu_user of the Redis server, from INFO cpu; of every
+/// node, added up, for a cluster.
+pub(crate) fn redis_cpu(target: &impl Target) -> Duration {
+    target
+        .ports()
+        .into_iter()
+        .map(|port| {
+            let info = info(port, "cpu");
+            Duration::from_secs_f64(
+                info_field(&info, "used_cpu_sys:") + info_field(&info, "used_cpu_user:"),
+            )
+        })
+        .sum()
 }
 
 /// Reads Redis has done from its clients' sockets (INFO stats): divided into
-/// the commands, how well clients batch their requests.
-pub(crate) fn redis_reads(server: &test_support::RedisServer) -> u64 {
-    let info = server.command(&["INFO", "stats"]).unwrap_or_default();
+/// the commands, how well clients batch their requests. Every node's, for a
+/// cluster.
+pub(crate) fn redis_reads(target: &impl Target) -> u64 {
+    target
+        .ports()
+        .into_iter()
+        .map(|port| info_field(&info(port, "stats"), "total_reads_processed:") as u64)
+        .sum()
+}
+
+/// Calls of `command` (lower case, e.g. `evalsha`) Redis has run (INFO
+/// commandstats); every node's, for a cluster.
+pub(crate) fn calls(target: &impl Target, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    target
+        .ports()
+        .into_iter()
+        .filter_map(|port| {
+            info(port, "commandstats")
+                .lines()
+                .find_map(|line| line.strip_prefix(prefix.as_str()))
+                .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The raw reply of `INFO section` from the server on `port` (empty if it
+/// does not answer).
+pub(crate) fn info(port: u16, section: &str) -> String {
+    test_support::command(port, &["INFO", section]).unwrap_or_default()
+}
+
+/// A numeric field (`name:` included) of an INFO reply; 0 when absent.
+fn info_field(info: &str, name: &str) -> f64 {
     info.lines()
-        .find_map(|line| line.strip_prefix("total_reads_processed:"))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0)
+        .find_map(|line| line.strip_prefix(name))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
