@@ -6,7 +6,6 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
-use redis::cluster::ClusterClientBuilder;
 
 use crate::backend::{Ack, RedisBackend, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
@@ -267,18 +266,13 @@ impl Client {
         let target = if config.is_cluster() {
             // No retries inside the cluster client: `Connection::call`
             // retries (redirections too), knowing a retry for one.
-            ClusterClientBuilder::new(seeds.iter().map(|seed| seed.get_connection_info().clone()))
-                .connection_timeout(config.connect_timeout)
-                .retries(0)
-                .build()
-                .map_err(|error| {
-                    LockError::config(format!(
-                        "cannot set up the Redis Cluster client for {}: {}",
-                        config.redacted_url(),
-                        error.kind_description()
-                    ))
-                })
-                .map(CallTarget::Cluster)?
+CallTarget::Cluster(
+                seeds
+                    .iter()
+                    .map(|seed| seed.get_connection_info().clone())
+                    .collect(),
+                manager_config,
+            )
         } else {
             CallTarget::Node(seeds[0].clone(), manager_config)
         };

@@ -22,20 +22,18 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value};
-use tokio::sync::OnceCell;
 
+use super::router::Router;
 use super::scripts::ScriptsSent;
+use super::slot_map::Ranges;
 
 /// Where the calls go: one server (or a primary with replicas behind one
 /// address), or a Redis Cluster named by its seed nodes.
 #[derive(Clone)]
 pub(crate) enum Target {
     Node(redis::Client, ConnectionManagerConfig),
-    Cluster(ClusterClient),
+    Cluster(Vec<redis::ConnectionInfo>, ConnectionManagerConfig),
 }
 
 impl Target {
@@ -46,10 +44,9 @@ impl Target {
                 redis.clone(),
                 config.clone(),
             )?),
-            Target::Cluster(client) => Link::Cluster(Arc::new(LazyCluster {
-                client: client.clone(),
-                connection: OnceCell::new(),
-            })),
+            Target::Cluster(seeds, config) => {
+                Link::Cluster(Arc::new(Router::new(seeds.clone(), config.clone())))
+            }
         })
     }
 }
@@ -59,7 +56,8 @@ impl Target {
 #[derive(Clone)]
 pub(crate) enum Link {
     Node(ConnectionManager),
-    Cluster(Arc<LazyCluster>),
+    /// A connection per primary, and the slot map (`router.rs`).
+    Cluster(Arc<Router>),
     /// Acknowledged mode: each command or pipeline sent on the inner link
     /// is followed by `WAIT` in the same round trip (so on the connection
     /// that carried the write), and fails with [`not_replicated`] if fewer
@@ -113,24 +111,26 @@ fn with_wait(pipeline: &Pipeline, ack: Ack) -> Pipeline {
     acked
 }
 
-/// A cluster connection opened by its first call (the `redis` crate opens
-/// one asynchronously; a client is built synchronously). A failed opening
-/// is tried again by the next call.
-pub(crate) struct LazyCluster {
-    client: ClusterClient,
-    connection: OnceCell<ClusterConnection>,
-}
-
-impl LazyCluster {
-    async fn get(&self) -> RedisResult<ClusterConnection> {
-        self.connection
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await
-            .cloned()
-    }
-}
-
 impl Link {
+    /// On a cluster, the slot map (fetched if not known).
+    pub(crate) async fn slot_map(&self) -> Option<Arc<Ranges>> {
+        match self {
+            Link::Cluster(router) => router.ranges().await.ok(),
+            Link::Acked(inner, _) => Box::pin(inner.slot_map()).await,
+            Link::Node(_) => None,
+        }
+    }
+
+    /// On a cluster, the slot map proved stale: fetched again when next
+    /// needed.
+    pub(crate) fn forget_slot_map(&self) {
+        match self {
+            Link::Cluster(router) => router.forget(),
+            Link::Acked(inner, _) => inner.forget_slot_map(),
+            Link::Node(_) => {}
+        }
+    }
+
     /// Sends `pipeline` in one round trip: to the server, or on a cluster
     /// to the primary of `slot` (its commands may be of any slot that
     /// primary serves; one it does not is answered MOVED). Replies as
@@ -148,12 +148,9 @@ impl Link {
                 check_ack(values.pop(), ack)?;
                 Ok(values)
             }
-            (Link::Cluster(lazy), Some(slot)) => {
-                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-                let values = lazy
-                    .get()
-                    .await?
-                    .route_pipeline(pipeline.clone(), 0, pipeline.len(), route)
+            (Link::Cluster(router), slot) => {
+                let values = router
+                    .send_pipeline(pipeline, 0, pipeline.len(), slot)
                     .await?;
                 values.into_iter().map(Value::extract_error).collect()
             }
@@ -166,10 +163,7 @@ impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::Node(manager) => manager.req_packed_command(cmd),
-            Link::Cluster(lazy) => Box::pin(async move {
-                let mut connection = lazy.get().await?;
-                connection.req_packed_command(cmd).await
-            }),
+            Link::Cluster(router) => Box::pin(async move { router.send(cmd).await }),
             Link::Acked(inner, ack) => Box::pin(async move {
                 let ack = *ack;
                 let mut pipeline = redis::pipe();
@@ -193,10 +187,9 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(lazy) => Box::pin(async move {
-                let mut connection = lazy.get().await?;
-                connection
-                    .req_packed_commands(pipeline, offset, count)
+            Link::Cluster(router) => Box::pin(async move {
+                router
+                    .send_pipeline(pipeline, offset, count, None)
                     .await
             }),
             Link::Acked(inner, ack) => Box::pin(async move {
@@ -251,6 +244,11 @@ impl Connection {
             deadline,
             scripts: ScriptsSent::default(),
         })
+    }
+
+    /// The connection calls are made on now.
+    pub(crate) fn link(&self) -> Link {
+        self.current.load().manager.clone()
     }
 
     pub(crate) fn scripts(&self) -> &ScriptsSent {

@@ -12,7 +12,9 @@
 mod connection;
 mod notify;
 mod redis_backend;
+mod router;
 mod scripts;
+mod slot_map;
 mod slots;
 
 use std::sync::atomic::AtomicU64;

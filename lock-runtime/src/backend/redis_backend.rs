@@ -4,11 +4,9 @@
 //! in `shared.rs`.
 
 mod shared;
-mod slot_map;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -23,15 +21,13 @@ use super::slots::slot;
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use slot_map::{parse_cluster_slots, primary_of, SlotMap};
+use super::slot_map::primary_of;
 
 /// Locks per renewal script call (a script blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;
 
 pub(crate) struct RedisBackend {
     connection: Connection,
-    /// On a Redis Cluster: which primary serves which slot.
-    slot_map: SlotMap,
     /// Acknowledged mode (see `Config::acknowledged`).
     ack: Option<Ack>,
     /// On a Redis Cluster: renewals are grouped by slot and node, a plain
@@ -45,10 +41,9 @@ impl RedisBackend {
         deadline: Duration,
         ack: Option<Ack>,
     ) -> redis::RedisResult<RedisBackend> {
-        let cluster = matches!(target, Target::Cluster(_));
+        let cluster = matches!(target, Target::Cluster(..));
         Ok(RedisBackend {
             connection: Connection::new(target, deadline)?,
-            slot_map: SlotMap::default(),
             ack,
             cluster,
         })
@@ -518,10 +513,7 @@ impl RedisBackend {
         for (i, item) in items.iter().enumerate() {
             by_slot.entry(slot(&item.keys.lock)).or_default().push(i);
         }
-        let ranges = match self.slot_map.get() {
-            Some(ranges) => Some(ranges),
-            None => self.fetch_slot_map().await,
-        };
+        let ranges = self.connection.link().slot_map().await;
         let mut groups: Vec<RenewGroup> = Vec::new();
         let mut of_node: HashMap<&str, usize> = HashMap::new();
         for (slot, items) in by_slot {
@@ -546,21 +538,6 @@ impl RedisBackend {
             groups[at].slots.push(items);
         }
         groups
-    }
-
-    /// Fetches the slot map (`CLUSTER SLOTS`); `None` if it cannot.
-    async fn fetch_slot_map(&self) -> Option<Arc<Vec<(u16, u16, String)>>> {
-        let reply: Value = self
-            .connection
-            .call(|mut connection, _| async move {
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut connection)
-                    .await
-            })
-            .await
-            .ok()?;
-        Some(self.slot_map.set(parse_cluster_slots(&reply)?))
     }
 
     /// The renewal `calls`, each sent by itself (routed by its keys), all
@@ -621,7 +598,7 @@ impl RedisBackend {
                     // each call by itself, routed by its keys.
                     let route = route.filter(|_| attempt == 0);
                     if route.is_none() && attempt > 0 && self.cluster {
-                        self.slot_map.forget();
+                        connection.forget_slot_map();
                         return self.renew_one_by_one(calls, &connection).await;
                     }
                     let result = match query(connection.clone(), pipeline(false), route).await {

@@ -1,46 +1,12 @@
-//! Which primary serves which slot, as far as this client last heard
-//! (`CLUSTER SLOTS`): renewals are grouped by it into one pipeline per
-//! primary. A stale map costs nothing but a retry: a call sent to a node
-//! that no longer serves its slot is answered MOVED, and the renewal is
-//! sent again call by call, each routed by its keys, while the map is
-//! fetched again for the next tick.
-
-use std::sync::{Arc, Mutex};
+//! The slot map of a Redis Cluster: which primary serves which slot, as
+//! `CLUSTER SLOTS` answers it (kept by `router.rs`, which routes each call
+//! by it; renewals are grouped by it into one pipeline per primary).
 
 use redis::Value;
 
-/// Slot ranges and the address of the primary serving each.
-type Ranges = Vec<(u16, u16, String)>;
-
-#[derive(Default)]
-pub(crate) struct SlotMap(Mutex<Option<Arc<Ranges>>>);
-
-impl SlotMap {
-    /// The map, if this client has one.
-    pub(crate) fn get(&self) -> Option<Arc<Ranges>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn set(&self, ranges: Ranges) -> Arc<Ranges> {
-        let ranges = Arc::new(ranges);
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Arc::clone(&ranges));
-        ranges
-    }
-
-    /// The map is stale: fetch it again before the next use.
-    pub(crate) fn forget(&self) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
-    }
-}
+/// Slot ranges (sorted by start) and the address (`host:port`) of the
+/// primary serving each.
+pub(crate) type Ranges = Vec<(u16, u16, String)>;
 
 /// The primary serving `slot` in `ranges` (sorted by start).
 pub(crate) fn primary_of(ranges: &Ranges, slot: u16) -> Option<&str> {

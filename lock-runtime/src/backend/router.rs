@@ -1,0 +1,291 @@
+//! The Redis Cluster connection of the lock calls: one auto-reconnecting,
+//! multiplexed connection (`ConnectionManager`) per primary, and the slot
+//! map (`CLUSTER SLOTS`) to route each call to the primary of its keys'
+//! slot.
+//!
+//! Why not the `redis` crate's cluster connection: every call there goes
+//! through a routing task and then the node's connection task, one more
+//! task hop each way, which cost 1.35-1.7x the client CPU per lock + unlock
+//! pair of one server (docs/benchmarks.md). Here a call goes straight to the
+//! node's connection, as on one server. What the cluster connection would
+//! do besides is small and done here: redirections (`MOVED`: the map is
+//! fetched again and `Connection::call` retries; `ASK`: the call is sent
+//! once more to the named node after `ASKING`) and dropped nodes (the map
+//! is fetched again from any node that answers).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
+
+use super::slot_map::{parse_cluster_slots, primary_of, Ranges};
+use super::slots::slot;
+
+pub(crate) struct Router {
+    /// The seed nodes (their settings: credentials, TLS, database).
+    seeds: Vec<ConnectionInfo>,
+    config: ConnectionManagerConfig,
+    /// Which primary serves which slot, if known.
+    map: Mutex<Option<Arc<Ranges>>>,
+    /// One connection per node address (`host:port`), opened on first use.
+    nodes: Mutex<HashMap<String, ConnectionManager>>,
+    /// One fetch of the map at a time.
+    fetching: tokio::sync::Mutex<()>,
+}
+
+impl Router {
+    pub(crate) fn new(seeds: Vec<ConnectionInfo>, config: ConnectionManagerConfig) -> Router {
+        Router {
+            seeds,
+            config,
+            map: Mutex::new(None),
+            nodes: Mutex::new(HashMap::new()),
+            fetching: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn map_now(&self) -> MutexGuard<'_, Option<Arc<Ranges>>> {
+        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The slot map is stale (a redirection, a node gone): fetched again
+    /// before the next call.
+    pub(crate) fn forget(&self) {
+        *self.map_now() = None;
+    }
+
+    /// The slot map, fetched (`CLUSTER SLOTS`, from the known nodes then
+    /// the seeds, the first that answers) if not known.
+    pub(crate) async fn ranges(&self) -> RedisResult<Arc<Ranges>> {
+        if let Some(ranges) = self.map_now().clone() {
+            return Ok(ranges);
+        }
+        let _fetching = self.fetching.lock().await;
+        if let Some(ranges) = self.map_now().clone() {
+            return Ok(ranges); // another call fetched it meanwhile
+        }
+        let mut candidates: Vec<String> = self.nodes().keys().cloned().collect();
+        candidates.extend(self.seeds.iter().filter_map(|seed| address(seed.addr())));
+        let mut last_error = None;
+        for candidate in candidates {
+            let mut connection = self.node(&candidate)?;
+            let reply = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut connection)
+                .await;
+            match reply.map(|reply| parse_cluster_slots(&reply)) {
+                Ok(Some(ranges)) if !ranges.is_empty() => {
+                    let ranges = Arc::new(ranges);
+                    // Connections of nodes that serve no slot any more end.
+                    self.nodes()
+                        .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
+                    *self.map_now() = Some(Arc::clone(&ranges));
+                    return Ok(ranges);
+                }
+                Ok(_) => {
+                    last_error = Some(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "unexpected reply to CLUSTER SLOTS",
+                        candidate,
+                    )))
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            (redis::ErrorKind::Client, "no Redis Cluster node to ask for the slot map").into()
+        }))
+    }
+
+    fn nodes(&self) -> MutexGuard<'_, HashMap<String, ConnectionManager>> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The connection to the node at `address` (`host:port`), with the
+    /// first seed's settings.
+    fn node(&self, address: &str) -> RedisResult<ConnectionManager> {
+        if let Some(connection) = self.nodes().get(address) {
+            return Ok(connection.clone());
+        }
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
+            .ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::Client, "bad node address", address.to_owned()))
+            })?;
+        let seed = &self.seeds[0];
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let client = redis::Client::open(seed.clone().set_addr(addr))?;
+        let connection = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        Ok(self
+            .nodes()
+            .entry(address.to_owned())
+            .or_insert(connection)
+            .clone())
+    }
+
+    /// The connection to the primary of `slot` (`None`: any primary).
+    async fn primary(&self, slot: Option<u16>) -> RedisResult<ConnectionManager> {
+        let ranges = self.ranges().await?;
+        let address = match slot {
+            Some(slot) => primary_of(&ranges, slot).ok_or_else(|| {
+                self.forget();
+                RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                    "no primary serves the slot",
+                    slot.to_string(),
+                ))
+            })?,
+            None => ranges[0].2.as_str(),
+        };
+        self.node(address)
+    }
+
+    /// Sends `cmd` to the primary of its key's slot.
+    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut connection = self.primary(key_slot(cmd)).await?;
+        let reply = connection.req_packed_command(cmd).await;
+        let reply = reply.and_then(Value::extract_error);
+        match reply {
+            Err(error) if asked(&error).is_some() => {
+                // A slot being migrated, the key already moved: once to the
+                // importing node, announced by ASKING.
+                let (address, _) = asked(&error).unwrap_or_default();
+                let mut pipeline = redis::pipe();
+                pipeline.cmd("ASKING").add_command(cmd.clone());
+                let mut values = self.node(&address)?.req_packed_commands(&pipeline, 0, 2).await?;
+                let reply = values.pop().unwrap_or(Value::Nil).extract_error();
+                self.note(reply.as_ref().err());
+                reply
+            }
+            reply => {
+                self.note(reply.as_ref().err());
+                reply
+            }
+        }
+    }
+
+    /// Sends `pipeline` to the primary of `slot`, or of its first keyed
+    /// command's slot (its commands may be of any slot that primary
+    /// serves). Replies as values; redirections in them make the map stale.
+    pub(crate) async fn send_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+        slot: Option<u16>,
+    ) -> RedisResult<Vec<Value>> {
+        let slot = slot.or_else(|| pipeline.cmd_iter().find_map(key_slot));
+        let mut connection = self.primary(slot).await?;
+        let values = connection.req_packed_commands(pipeline, offset, count).await;
+        match &values {
+            Ok(values) => values.iter().for_each(|value| {
+                if let Value::ServerError(error) = value {
+                    self.note(Some(&RedisError::from(error.clone())));
+                }
+            }),
+            Err(error) => self.note(Some(error)),
+        }
+        values
+    }
+
+    /// After an error: a redirection, a node that cannot be reached or a
+    /// cluster in transition make the map stale.
+    fn note(&self, error: Option<&RedisError>) {
+        let Some(error) = error else {
+            return;
+        };
+        let stale = error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || matches!(
+                error.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::Moved
+                        | redis::ServerErrorKind::ClusterDown
+                        | redis::ServerErrorKind::TryAgain
+                        | redis::ServerErrorKind::MasterDown
+                )
+            );
+        if stale {
+            self.forget();
+        }
+    }
+}
+
+/// `host:port` of a connection address.
+fn address(addr: &ConnectionAddr) -> Option<String> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some(format!("{host}:{port}"))
+        }
+        _ => None,
+    }
+}
+
+/// The node an `ASK` redirection names.
+fn asked(error: &RedisError) -> Option<(String, u16)> {
+    (error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask))
+        .then(|| error.redirect_node())
+        .flatten()
+        .map(|(address, slot)| (address.to_owned(), slot))
+}
+
+/// The slot of the first key of a command this crate sends: `EVAL` and
+/// `EVALSHA` name theirs after the script and the key count, the others
+/// (`SET`, `GET`, ...) first; `CLUSTER`, `WAIT` and the like have none.
+fn key_slot(cmd: &Cmd) -> Option<u16> {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?.to_ascii_uppercase();
+    let key = match name.as_slice() {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
+            let _script = args.next()?;
+            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+            if keys == 0 {
+                return None;
+            }
+            args.next()?
+        }
+        b"CLUSTER" | b"WAIT" | b"PING" | b"ASKING" | b"SCRIPT" | b"INFO" => return None,
+        _ => args.next()?,
+    };
+    Some(slot(std::str::from_utf8(key).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn finds_the_key_of_each_command() {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg("abc").arg(2).arg("lock:{a}").arg("lock:{a}:fence").arg("token");
+        assert_eq!(key_slot(&eval), Some(super::slot("a")));
+        let mut set = redis::cmd("SET");
+        set.arg("lock:{b}").arg("token").arg("NX");
+        assert_eq!(key_slot(&set), Some(super::slot("b")));
+        let mut none = redis::cmd("EVAL");
+        none.arg("return 1").arg(0);
+        assert_eq!(key_slot(&none), None);
+        assert_eq!(key_slot(redis::cmd("CLUSTER").arg("SLOTS")), None);
+        assert_eq!(key_slot(redis::cmd("WAIT").arg(1).arg(100)), None);
+    }
+}
