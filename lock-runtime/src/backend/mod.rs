@@ -201,6 +201,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         round_trips: &'a AtomicU64,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>>;
 
+    /// `items` cut into the parts renewed by one round trip each (on a
+    /// cluster, one part per primary); empty or one part: all together.
+    fn partition<'a>(&'a self, items: &'a [RenewItem<'a>]) -> BoxFuture<'a, Vec<Vec<usize>>> {
+        let _ = items;
+        Box::pin(async { Vec::new() })
+    }
+
     /// The longest one call may take, its retries included.
     fn call_deadline(&self) -> Duration;
 

@@ -253,6 +253,19 @@ impl Backend for RedisBackend {
         self.ack.is_some()
     }
 
+    fn partition<'a>(&'a self, items: &'a [RenewItem<'a>]) -> BoxFuture<'a, Vec<Vec<usize>>> {
+        Box::pin(async move {
+            if !self.cluster {
+                return Vec::new();
+            }
+            self.cluster_groups(items)
+                .await
+                .into_iter()
+                .map(|group| group.slots.concat())
+                .collect()
+        })
+    }
+
     fn release<'a>(
         &'a self,
         kind: Kind,

@@ -39,6 +39,19 @@ fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
 }
 
+/// What the backend needs to renew the holds of `batch`.
+fn renew_items(batch: &[(u64, Arc<Hold>)]) -> Vec<RenewItem<'_>> {
+    batch
+        .iter()
+        .map(|(_, hold)| RenewItem {
+            kind: hold.kind,
+            keys: &hold.keys,
+            token: &hold.token,
+            ttl_ms: hold.ttl.as_millis() as u64,
+        })
+        .collect()
+}
+
 /// How soon a failed renewal is tried again.
 fn retry_delay(ttl: Duration) -> Duration {
     (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
@@ -278,7 +291,30 @@ impl Renewer {
         (batch, registry.due.first().map(|&(at, _)| at))
     }
 
+    /// Renews a batch: one round trip per part (on a cluster, per
+    /// primary), each part settled as soon as its own reply comes, so that
+    /// a primary that is down or slow delays and fails only its own locks.
     async fn renew(self: Arc<Self>, batch: Vec<(u64, Arc<Hold>)>) {
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        let parts = if batch.len() > 1 {
+            let items = renew_items(&batch);
+            self.backend.partition(&items).await
+        } else {
+            Vec::new()
+        };
+        if parts.len() <= 1 {
+            return self.renew_part(batch).await;
+        }
+        let mut batch: Vec<Option<(u64, Arc<Hold>)>> = batch.into_iter().map(Some).collect();
+        let parts = parts.into_iter().map(|part| {
+            let part: Vec<(u64, Arc<Hold>)> =
+                part.into_iter().filter_map(|i| batch[i].take()).collect();
+            Arc::clone(&self).renew_part(part)
+        });
+        futures_util::future::join_all(parts.collect::<Vec<_>>()).await;
+    }
+
+    async fn renew_part(self: Arc<Self>, batch: Vec<(u64, Arc<Hold>)>) {
         let sent_at = Instant::now();
         let outcome = self.send(&batch).await;
         let now = Instant::now();
@@ -340,19 +376,10 @@ impl Renewer {
 
     /// One round trip for the whole batch (see [`Backend::renew`]).
     async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<Found>> {
-        let items: Vec<RenewItem<'_>> = batch
-            .iter()
-            .map(|(_, hold)| RenewItem {
-                kind: hold.kind,
-                keys: &hold.keys,
-                token: &hold.token,
-                ttl_ms: hold.ttl.as_millis() as u64,
-            })
-            .collect();
+        let items = renew_items(batch);
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         self.backend.renew(&items, &self.counters.round_trips).await
     }
 }
