@@ -235,11 +235,18 @@ impl Backend for RedisBackend {
                 Ok(Acquire::Acquired { found: Some(_), .. }) => None,
                 _ => return outcome,
             };
-            // Given back (if it was taken at all); a failure here leaves
-            // the lock to its ttl.
-            let _ = self
+            // Given back, if it was taken at all: `WAIT` follows the
+            // attempt whatever it did, so a busy lock (nothing written)
+            // also comes back unconfirmed. The release tells which.
+            let given_back = self
                 .release(request.kind, request.keys, request.token, 0)
                 .await;
+            if confirmed.is_some()
+                && matches!(&given_back, Ok(release) if release.found != Found::Mine)
+            {
+                return Ok(Acquire::Busy { expires_in: None });
+            }
+            // A failed release leaves the lock to its ttl.
             Err(LockError::NotReplicated {
                 key: request.keys.name().to_owned(),
                 confirmed,
