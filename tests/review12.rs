@@ -67,8 +67,11 @@ async fn a_primary_down_does_not_lose_the_locks_on_the_other_primaries() {
     let mut cluster = RedisCluster::start(3, 0);
     for &port in cluster.ports() {
         // The healthy primary keeps serving its slots while the other is down.
-        test_support::command(port, &["CONFIG", "SET", "cluster-require-full-coverage", "no"])
-            .unwrap();
+        test_support::command(
+            port,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        )
+        .unwrap();
     }
     let primaries = cluster.primaries();
     let (healthy, doomed) = (primaries[0], primaries[1]);
@@ -81,12 +84,7 @@ async fn a_primary_down_does_not_lose_the_locks_on_the_other_primaries() {
     )
     .unwrap();
     let ttl = Duration::from_millis(2000);
-    let lock = |name: &str| {
-        Lock::new(name)
-            .ttl(ttl)
-            .renew()
-            .client(client.clone())
-    };
+    let lock = |name: &str| Lock::new(name).ttl(ttl).renew().client(client.clone());
     // Taken together: renewed in the same batches.
     let (kept_lock, doomed_lock) = (lock(&kept_name), lock(&doomed_name));
     let (kept, other) = tokio::join!(kept_lock.try_acquire(), doomed_lock.try_acquire());
@@ -135,9 +133,8 @@ async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
         .try_acquire()
         .await
         .unwrap();
-    let acked =
-        Client::new(Config::new(primary.url()).acknowledged(1, Duration::from_millis(200)))
-            .unwrap();
+    let acked = Client::new(Config::new(primary.url()).acknowledged(1, Duration::from_millis(200)))
+        .unwrap();
     signal(&replica, "-STOP");
     let tried = Lock::new("busy-acked")
         .client(acked.clone())
@@ -217,7 +214,10 @@ async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
 fn attempts_on(port: u16, command: &str) -> u64 {
     let stats = test_support::command(port, &["INFO", "commandstats"]).unwrap();
     let prefix = format!("cmdstat_{command}:");
-    let Some(line) = stats.lines().find_map(|line| line.strip_prefix(prefix.as_str())) else {
+    let Some(line) = stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+    else {
         return 0;
     };
     line.split(',')
@@ -243,7 +243,17 @@ async fn a_refused_subscription_is_not_retried_forever_without_waiters() {
     for &port in cluster.ports() {
         let reply = test_support::command(
             port,
-            &["ACL", "SETUSER", "nochan", "on", ">secret", "~*", "&*", "+@all", "-ssubscribe"],
+            &[
+                "ACL",
+                "SETUSER",
+                "nochan",
+                "on",
+                ">secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-ssubscribe",
+            ],
         )
         .unwrap();
         assert!(reply.starts_with("+OK"), "{reply}");
@@ -325,17 +335,24 @@ fn migrate_slot(slot: u16, from: u16, to: u16) {
         let reply = test_support::command(port, args).unwrap();
         assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
     };
-    ok(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &node_id(from)]);
-    ok(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &node_id(to)]);
+    ok(
+        to,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &node_id(from)],
+    );
+    ok(
+        from,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &node_id(to)],
+    );
     let keys = test_support::command(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]).unwrap();
     for key in bulk_items(&keys) {
         let port = to.to_string();
-        let reply = test_support::command(
-            from,
-            &["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"],
-        )
-        .unwrap();
-        assert!(reply.starts_with("+OK") || reply.starts_with("+NOKEY"), "{reply}");
+        let reply =
+            test_support::command(from, &["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"])
+                .unwrap();
+        assert!(
+            reply.starts_with("+OK") || reply.starts_with("+NOKEY"),
+            "{reply}"
+        );
     }
     ok(to, &["CLUSTER", "SETSLOT", &slot, "NODE", &node_id(to)]);
     ok(from, &["CLUSTER", "SETSLOT", &slot, "NODE", &node_id(to)]);
@@ -374,8 +391,11 @@ fn shard_channels(port: u16) -> String {
 async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() {
     let cluster = RedisCluster::start(3, 0);
     for &port in cluster.ports() {
-        test_support::command(port, &["CONFIG", "SET", "cluster-require-full-coverage", "no"])
-            .unwrap();
+        test_support::command(
+            port,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        )
+        .unwrap();
     }
     let primaries = cluster.primaries();
     let (x, y, z) = (primaries[0], primaries[1], primaries[2]);
@@ -419,7 +439,11 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
     // y stalls; the notifier's connection to z (which serves neither slot)
     // drops: every slot is subscribed again, the one on y slowly.
     let before = resp3_clients(z);
-    assert_eq!(before.len(), 1, "the notifier's connection to z: {before:?}");
+    assert_eq!(
+        before.len(),
+        1,
+        "the notifier's connection to z: {before:?}"
+    );
     signal(cluster.node(y).unwrap(), "-STOP");
     test_support::command(z, &["CLIENT", "KILL", "ID", &before[0]]).unwrap();
     wait_until_async("the notifier reconnects to z", LINE_TIMEOUT, || {
@@ -427,12 +451,27 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await; // x confirms at once
-    // x's slot moves to z while y's subscription still hangs: x sends the
-    // notifier `sunsubscribe`.
+                                                          // x's slot moves to z while y's subscription still hangs: x sends the
+                                                          // notifier `sunsubscribe`.
     migrate_slot(slot_x, x, z);
     tokio::time::sleep(Duration::from_millis(1000)).await; // y's call times out
     signal(cluster.node(y).unwrap(), "-CONT");
 
+    // The next waiter of x's slot: its subscription goes to z (a slot
+    // lost is subscribed again when it has waiters; one wrongly counted as
+    // listened to never would be).
+    let held = Lock::new(on_x.as_str())
+        .ttl(Duration::from_secs(20))
+        .client(holder.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let lock = Lock::new(on_x.as_str())
+            .wait(Duration::from_secs(20))
+            .client(waiter.clone());
+        async move { lock.acquire().await }
+    });
     let deadline = Instant::now() + Duration::from_secs(8);
     while !shard_channels(z).contains("lock-waiters:") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -445,4 +484,11 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
         shard_channels(y),
         shard_channels(z)
     );
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
 }

@@ -266,7 +266,7 @@ impl Client {
         let target = if config.is_cluster() {
             // No retries inside the cluster client: `Connection::call`
             // retries (redirections too), knowing a retry for one.
-CallTarget::Cluster(
+            CallTarget::Cluster(
                 seeds
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())

@@ -187,11 +187,9 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(router) => Box::pin(async move {
-                router
-                    .send_pipeline(pipeline, offset, count, None)
-                    .await
-            }),
+            Link::Cluster(router) => {
+                Box::pin(async move { router.send_pipeline(pipeline, offset, count, None).await })
+            }
             Link::Acked(inner, ack) => Box::pin(async move {
                 let ack = *ack;
                 let acked = with_wait(pipeline, ack);

@@ -209,7 +209,10 @@ impl Notifier {
         patience: Duration,
     ) -> Subscription {
         let subscription = self.register(token, slot);
-        if self.is_cluster() && self.wanted().insert(slot) {
+        if self.is_cluster() {
+            // New, or lost and not subscribed again (that happens only
+            // while a slot has waiters): the task subscribes it.
+            self.wanted().insert(slot);
             self.kick.notify_one();
         }
         if self.ensure_task() {

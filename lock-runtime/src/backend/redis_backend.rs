@@ -17,11 +17,11 @@ use super::scripts::{
     as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
     RELEASE_KEEPING, RENEW, RENEW_SHARES,
 };
+use super::slot_map::primary_of;
 use super::slots::slot;
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use super::slot_map::primary_of;
 
 /// Locks per renewal script call (a script blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;

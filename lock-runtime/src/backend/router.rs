@@ -46,7 +46,9 @@ impl Router {
     }
 
     fn map_now(&self) -> MutexGuard<'_, Option<Arc<Ranges>>> {
-        self.map.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The slot map is stale (a redirection, a node gone): fetched again
@@ -94,7 +96,11 @@ impl Router {
             }
         }
         Err(last_error.unwrap_or_else(|| {
-            (redis::ErrorKind::Client, "no Redis Cluster node to ask for the slot map").into()
+            (
+                redis::ErrorKind::Client,
+                "no Redis Cluster node to ask for the slot map",
+            )
+                .into()
         }))
     }
 
@@ -114,7 +120,11 @@ impl Router {
             .rsplit_once(':')
             .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
             .ok_or_else(|| {
-                RedisError::from((redis::ErrorKind::Client, "bad node address", address.to_owned()))
+                RedisError::from((
+                    redis::ErrorKind::Client,
+                    "bad node address",
+                    address.to_owned(),
+                ))
             })?;
         let seed = &self.seeds[0];
         let addr = match seed.addr() {
@@ -168,7 +178,10 @@ impl Router {
                 let (address, _) = asked(&error).unwrap_or_default();
                 let mut pipeline = redis::pipe();
                 pipeline.cmd("ASKING").add_command(cmd.clone());
-                let mut values = self.node(&address)?.req_packed_commands(&pipeline, 0, 2).await?;
+                let mut values = self
+                    .node(&address)?
+                    .req_packed_commands(&pipeline, 0, 2)
+                    .await?;
                 let reply = values.pop().unwrap_or(Value::Nil).extract_error();
                 self.note(reply.as_ref().err());
                 reply
@@ -192,7 +205,9 @@ impl Router {
     ) -> RedisResult<Vec<Value>> {
         let slot = slot.or_else(|| pipeline.cmd_iter().find_map(key_slot));
         let mut connection = self.primary(slot).await?;
-        let values = connection.req_packed_commands(pipeline, offset, count).await;
+        let values = connection
+            .req_packed_commands(pipeline, offset, count)
+            .await;
         match &values {
             Ok(values) => values.iter().for_each(|value| {
                 if let Value::ServerError(error) = value {
@@ -277,7 +292,11 @@ mod tests {
     #[test]
     fn finds_the_key_of_each_command() {
         let mut eval = redis::cmd("EVALSHA");
-        eval.arg("abc").arg(2).arg("lock:{a}").arg("lock:{a}:fence").arg("token");
+        eval.arg("abc")
+            .arg(2)
+            .arg("lock:{a}")
+            .arg("lock:{a}:fence")
+            .arg("token");
         assert_eq!(key_slot(&eval), Some(super::slot("a")));
         let mut set = redis::cmd("SET");
         set.arg("lock:{b}").arg("token").arg("NX");

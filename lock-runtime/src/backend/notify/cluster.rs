@@ -8,10 +8,12 @@
 //! is what counts: a confirmation (`ssubscribe`) makes a slot ready, and a
 //! `sunsubscribe` the server sends (the slot migrated, or its primary
 //! became a replica) or a lost connection makes it not ready, wakes its
-//! waiters (a message may have been lost) and has it subscribed again,
-//! every [`RETRY_PAUSE`] until a confirmation comes.
+//! waiters (a message may have been lost) and has it subscribed again
+//! (only while it has waiters) after [`RETRY_PAUSE`], doubled after each
+//! failure up to [`MAX_RETRY_PAUSE`], until a confirmation comes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,6 +28,8 @@ use crate::backend::connection::within;
 
 /// The pause before connecting or subscribing again after a failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// The longest pause between tries of a subscription that keeps failing.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
 
 pub(super) async fn run(notifier: Weak<Notifier>) {
     let Some(this) = notifier.upgrade() else {
@@ -59,8 +63,11 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
     let kick = Arc::clone(&this.kick);
     drop(this);
     let warned = Arc::new(AtomicBool::new(false));
+    let pause = Arc::new(AtomicU64::new(0));
     let mut connection: Option<ClusterConnection> = None;
     let mut subscribing: Option<tokio::task::JoinHandle<()>> = None;
+    // Whether the slots to subscribe may have changed since the last look.
+    let mut dirty = true;
     loop {
         let Some(this) = notifier.upgrade() else {
             return;
@@ -79,13 +86,19 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
             }
         }
         if let Some(connection) = &connection {
-            if subscribing.as_ref().is_none_or(|task| task.is_finished()) {
+            if dirty && subscribing.as_ref().is_none_or(|task| task.is_finished()) {
+                dirty = false;
+                // The slots asked for that are not listened on, and only
+                // those that have waiters now: a slot whose waiters are
+                // gone is subscribed again by its next waiter.
                 let missing: Vec<u16> = {
                     let ready = this.ready.borrow();
+                    let waited_in: HashSet<u16> =
+                        this.waiters().values().map(|(slot, _)| *slot).collect();
                     let wanted = this.wanted();
                     wanted
                         .iter()
-                        .filter(|slot| !ready.contains(slot))
+                        .filter(|slot| !ready.contains(slot) && waited_in.contains(slot))
                         .copied()
                         .collect()
                 };
@@ -95,6 +108,7 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
                         connection.clone(),
                         missing,
                         Arc::clone(&warned),
+                        Arc::clone(&pause),
                     )));
                 }
             }
@@ -103,63 +117,71 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
         tokio::select! {
             push = pushes.recv() => match push {
                 Some(push) => match notifier.upgrade() {
-                    Some(this) => handle(&this, push),
+                    Some(this) => dirty |= handle(&this, push),
                     None => return,
                 },
                 None => return, // cannot happen: `client` holds the sender
             },
-            () = kick.notified() => {}
-            () = tokio::time::sleep(RETRY_PAUSE), if connection.is_none() => {}
+            () = kick.notified() => dirty = true,
+            () = tokio::time::sleep(RETRY_PAUSE), if connection.is_none() => dirty = true,
         }
     }
 }
 
 /// Subscribes to the channels of `slots` (one call per slot: a command's
-/// channels must share a slot), then has the task look again.
+/// channels must share a slot), then has the task look again. A slot is
+/// ready when the server's confirmation comes through the push channel, in
+/// order with the `sunsubscribe` that may follow it; not when the call
+/// returns (a confirmation and a later `sunsubscribe` may both be in by
+/// then). After a failure, the pause before the next try doubles, from
+/// [`RETRY_PAUSE`] to [`MAX_RETRY_PAUSE`].
 async fn subscribe_slots(
     notifier: Weak<Notifier>,
     connection: ClusterConnection,
     slots: Vec<u16>,
     warned: Arc<AtomicBool>,
+    pause: Arc<AtomicU64>,
 ) {
     let Some(this) = notifier.upgrade() else {
         return;
     };
     let deadline = this.deadline;
     let kick = Arc::clone(&this.kick);
-    let calls = slots.iter().map(|&slot| {
-        let mut connection = connection.clone();
-        let channel = this.channel(slot);
-        async move { within(deadline, connection.ssubscribe(channel)).await }
-    });
-    let calls: Vec<_> = calls.collect();
+    let calls: Vec<_> = slots
+        .iter()
+        .map(|&slot| {
+            let mut connection = connection.clone();
+            let channel = this.channel(slot);
+            async move { within(deadline, connection.ssubscribe(channel)).await }
+        })
+        .collect();
     drop(this);
-    let results = join_all(calls).await;
-    let Some(this) = notifier.upgrade() else {
-        return;
-    };
-    let mut failed = None;
-    for (slot, result) in slots.into_iter().zip(results) {
-        match result {
-            Ok(()) => this.set_ready(slot),
-            Err(error) => failed = Some(error),
-        }
-    }
-    drop(this);
+    let failed = join_all(calls).await.into_iter().find_map(Result::err);
     match failed {
         Some(error) => {
             if !warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(%error, "lock notifications: cannot subscribe; waiters fall back to timed retries until it can");
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
+            let last = pause.load(Ordering::Relaxed);
+            let next = if last == 0 {
+                RETRY_PAUSE.as_millis() as u64
+            } else {
+                (last * 2).min(MAX_RETRY_PAUSE.as_millis() as u64)
+            };
+            pause.store(next, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(next)).await;
         }
-        None => warned.store(false, Ordering::Relaxed),
+        None => {
+            warned.store(false, Ordering::Relaxed);
+            pause.store(0, Ordering::Relaxed);
+        }
     }
     kick.notify_one();
 }
 
 /// What the server pushed: a message, or a change of subscriptions.
-fn handle(this: &Notifier, push: PushInfo) {
+/// Returns whether slots were lost (to be subscribed again).
+fn handle(this: &Notifier, push: PushInfo) -> bool {
     let channel = match push.data.first() {
         Some(Value::BulkString(channel)) => this.slot_of_channel(channel),
         _ => None,
@@ -169,21 +191,25 @@ fn handle(this: &Notifier, push: PushInfo) {
             if let Some(Value::BulkString(tokens)) = push.data.get(1) {
                 this.dispatch(&String::from_utf8_lossy(tokens));
             }
+            false
         }
-        (PushKind::SSubscribe, Some(slot)) => this.set_ready(slot),
+        (PushKind::SSubscribe, Some(slot)) => {
+            this.set_ready(slot);
+            false
+        }
         (PushKind::SUnsubscribe, Some(slot)) => {
             tracing::debug!(
                 slot,
                 "lock notifications: the server unsubscribed a slot; subscribing again"
             );
             this.set_lost(Some(slot));
-            this.kick.notify_one();
+            true
         }
         (PushKind::Disconnection, _) => {
             tracing::debug!("lock notifications: a cluster connection was lost; subscribing again");
             this.set_lost(None);
-            this.kick.notify_one();
+            true
         }
-        _ => {}
+        _ => false,
     }
 }
