@@ -274,7 +274,7 @@ impl Client {
                 manager_config,
             )
         } else {
-            CallTarget::Node(seeds[0].clone(), manager_config)
+            CallTarget::Node(Box::new(seeds[0].clone()), manager_config)
         };
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,

@@ -32,7 +32,7 @@ use super::slot_map::Ranges;
 /// address), or a Redis Cluster named by its seed nodes.
 #[derive(Clone)]
 pub(crate) enum Target {
-    Node(redis::Client, ConnectionManagerConfig),
+    Node(Box<redis::Client>, ConnectionManagerConfig),
     Cluster(Vec<redis::ConnectionInfo>, ConnectionManagerConfig),
 }
 
@@ -41,7 +41,7 @@ impl Target {
     fn open(&self) -> RedisResult<Link> {
         Ok(match self {
             Target::Node(redis, config) => Link::Node(ConnectionManager::new_lazy_with_config(
-                redis.clone(),
+                (**redis).clone(),
                 config.clone(),
             )?),
             Target::Cluster(seeds, config) => {
