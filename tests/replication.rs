@@ -124,3 +124,97 @@ async fn a_renewal_replicas_do_not_confirm_counts_as_failed_until_the_lock_is_lo
     signal(&replica, "-CONT");
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
+
+/// Acknowledged mode: `NotReplicated` means "the primary took the lock,
+/// fewer replicas confirmed it, it was given back". A busy lock (nothing
+/// written) with a lagging replica is reported as exactly that, not as
+/// `Busy`: the `WAIT` after a `SET NX` that set nothing is checked like
+/// the one after a write. A waiting acquire gives up at once the same way.
+///
+/// At fault: `Link::Acked` in connection.rs checks the `WAIT` reply
+/// whatever the write's outcome (`check_ack` after a `Nil` / busy reply);
+/// `RedisBackend::acquire` turns it into `NotReplicated`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
+    let (primary, replica) = primary_with_replica();
+    let holder = Client::new(Config::new(primary.url())).unwrap();
+    let held = Lock::new("busy-acked")
+        .ttl(Duration::from_secs(20))
+        .client(holder)
+        .try_acquire()
+        .await
+        .unwrap();
+    let acked = Client::new(Config::new(primary.url()).acknowledged(1, Duration::from_millis(200)))
+        .unwrap();
+    signal(&replica, "-STOP");
+    let tried = Lock::new("busy-acked")
+        .client(acked.clone())
+        .try_acquire()
+        .await;
+    let waited = Lock::new("busy-acked")
+        .wait(Duration::from_millis(1500))
+        .client(acked)
+        .acquire()
+        .await;
+    signal(&replica, "-CONT");
+    held.release().await.unwrap();
+    assert!(
+        matches!(tried, Err(LockError::Busy { .. })),
+        "a try of a lock another holds: {tried:?}"
+    );
+    assert!(
+        matches!(waited, Err(LockError::WaitTimeout { .. })),
+        "a wait for a lock another holds throughout: {waited:?}"
+    );
+}
+
+/// Acknowledged mode: each call is documented to wait at most the
+/// acknowledged timeout for its `WAIT`. But `WAIT` blocks the server-side
+/// client, and every call of a client shares one multiplexed connection:
+/// with a replica not answering, concurrent acquisitions' `WAIT`s run one
+/// after the other, so the n-th waits n timeouts; past the call deadline
+/// they fail as Redis timeouts (outcome unknown, connection replaced)
+/// instead of `NotReplicated`, and every other call of the client (releases,
+/// renewals of other locks) queues behind them.
+///
+/// At fault: `Link::Acked` sends `WAIT` on the shared `ConnectionManager`
+/// (connection.rs), `RedisBackend::call` in acknowledged mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
+    let (primary, replica) = primary_with_replica();
+    let timeout = Duration::from_millis(200);
+    let client = Client::new(Config::new(primary.url()).acknowledged(1, timeout)).unwrap();
+    // The connection is open and the scripts known.
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    signal(&replica, "-STOP");
+    let started = Instant::now();
+    let tries = (0..12).map(|i| {
+        let lock = Lock::new(format!("hol:{i}")).client(client.clone());
+        async move {
+            let result = lock.try_acquire().await;
+            (result, started.elapsed())
+        }
+    });
+    let results = futures_util::future::join_all(tries).await;
+    signal(&replica, "-CONT");
+    let slow: Vec<String> = results
+        .iter()
+        .filter(|(result, took)| {
+            !matches!(result, Err(LockError::NotReplicated { .. })) || *took > timeout * 3
+        })
+        .map(|(result, took)| format!("{took:?}: {result:?}"))
+        .collect();
+    assert!(
+        slow.is_empty(),
+        "acquisitions refused later than 3 x the {timeout:?} acknowledged timeout, or not \
+         as NotReplicated:\n{}",
+        slow.join("\n")
+    );
+}

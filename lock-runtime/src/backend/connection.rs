@@ -38,7 +38,7 @@ pub(crate) enum Target {
 
 impl Target {
     /// A new connection (opened on first use).
-    fn open(&self) -> RedisResult<Link> {
+    pub(crate) fn open(&self) -> RedisResult<Link> {
         Ok(match self {
             Target::Node(redis, config) => Link::Node(ConnectionManager::new_lazy_with_config(
                 (**redis).clone(),

@@ -9,6 +9,7 @@
 //! call's deadline, and report a call that got no answer as an error (its
 //! outcome unknown).
 
+mod ack_pool;
 mod connection;
 mod notify;
 mod redis_backend;

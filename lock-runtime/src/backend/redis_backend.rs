@@ -7,11 +7,13 @@ mod shared;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use redis::{Cmd, FromRedisValue, Value};
 
+use super::ack_pool::{AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
     as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
@@ -28,8 +30,10 @@ const LOCKS_PER_CALL: usize = 100;
 
 pub(crate) struct RedisBackend {
     connection: Connection,
-    /// Acknowledged mode (see `Config::acknowledged`).
+    /// Acknowledged mode (see `Config::acknowledged`), and the connections
+    /// its calls borrow.
     ack: Option<Ack>,
+    ack_pool: Option<Arc<AckPool>>,
     /// On a Redis Cluster: renewals are grouped by slot and node, a plain
     /// acquire is `SET NX GET` (a retry recognises its own token).
     cluster: bool,
@@ -42,8 +46,10 @@ impl RedisBackend {
         ack: Option<Ack>,
     ) -> redis::RedisResult<RedisBackend> {
         let cluster = matches!(target, Target::Cluster(..));
+        let target_for_pool = target.clone();
         Ok(RedisBackend {
             connection: Connection::new(target, deadline)?,
+            ack_pool: ack.map(|_| AckPool::new(target_for_pool)),
             ack,
             cluster,
         })
@@ -64,9 +70,32 @@ impl RedisBackend {
         // Acquisitions carry `WAIT` in acknowledged mode.
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
-            .call(|link, number| attempt(acked(link, ack), number))
+            .call(|link, number| {
+                let (link, borrowed) = self.for_call(link, ack);
+                let call = attempt(link, number);
+                async move {
+                    let mut borrowed = borrowed;
+                    let result = call.await;
+                    if let Some(borrowed) = &mut borrowed {
+                        borrowed.finished();
+                    }
+                    result
+                }
+            })
             .await
             .map_err(|source| LockError::redis(name, operation, source))
+    }
+
+    /// The connection for one call: `link`, or in acknowledged mode
+    /// (`ack`) one of the call's own from the pool (see `ack_pool.rs`),
+    /// followed by `WAIT`.
+    fn for_call(&self, link: Link, ack: Option<Ack>) -> (Link, Option<Borrowed>) {
+        let Some(ack) = ack else {
+            return (link, None);
+        };
+        let borrowed = self.ack_pool.as_ref().and_then(AckPool::borrow);
+        let link = borrowed.as_ref().map_or(link, Borrowed::link);
+        (Link::Acked(Box::new(link), ack), borrowed)
     }
 
     /// One acquire, as the request asks (see [`Backend::acquire`]).
@@ -193,14 +222,6 @@ impl RedisBackend {
                 expires_in: millis(at(1)),
             }
         })
-    }
-}
-
-/// `link`, followed by `WAIT` in acknowledged mode.
-fn acked(link: Link, ack: Option<Ack>) -> Link {
-    match ack {
-        Some(ack) => Link::Acked(Box::new(link), ack),
-        None => link,
     }
 }
 
@@ -611,8 +632,8 @@ impl RedisBackend {
         self.connection
             .call(|connection, attempt| {
                 let (pipeline, query) = (&pipeline, &query);
-                let connection = acked(connection, self.ack);
-                async move {
+                let (connection, borrowed) = self.for_call(connection, self.ack);
+                let call = async move {
                     round_trips.fetch_add(1, Ordering::Relaxed);
                     // A retry after a redirection: the slot map was stale;
                     // each call by itself, routed by its keys.
@@ -634,6 +655,14 @@ impl RedisBackend {
                         for (script, _, _) in calls {
                             scripts.add(script);
                         }
+                    }
+                    result
+                };
+                async move {
+                    let mut borrowed = borrowed;
+                    let result = call.await;
+                    if let Some(borrowed) = &mut borrowed {
+                        borrowed.finished();
                     }
                     result
                 }

@@ -1,0 +1,110 @@
+//! Connections for acknowledged calls (`Config::acknowledged`).
+//!
+//! `WAIT` blocks the connection it is sent on until the replicas confirm or
+//! its timeout passes: on the client's one multiplexed connection, the
+//! `WAIT`s of concurrent calls would run one after the other (the n-th
+//! waiting n timeouts, then failing at the call deadline with an unknown
+//! outcome) and every other call of the client (releases, renewals) would
+//! queue behind them. So each acknowledged call borrows a connection of its
+//! own from this pool: an idle one, or a new one while fewer than
+//! [`MAX_OPEN`] are open (beyond, it shares the client's connection). A
+//! connection whose call did not finish (timed out, cancelled) is dropped,
+//! not reused: it may be stalled.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::connection::{Link, Target};
+
+/// The most connections the pool opens.
+const MAX_OPEN: usize = 32;
+
+pub(crate) struct AckPool {
+    target: Target,
+    idle: Mutex<Vec<Link>>,
+    open: AtomicUsize,
+}
+
+/// A connection borrowed from the pool; back to it when the call finished
+/// ([`Borrowed::finished`]), dropped otherwise.
+pub(crate) struct Borrowed {
+    pool: Arc<AckPool>,
+    link: Option<Link>,
+    finished: bool,
+}
+
+impl AckPool {
+    pub(crate) fn new(target: Target) -> Arc<AckPool> {
+        Arc::new(AckPool {
+            target,
+            idle: Mutex::new(Vec::new()),
+            open: AtomicUsize::new(0),
+        })
+    }
+
+    /// A connection of its own for one call, if the pool has or may open
+    /// one.
+    pub(crate) fn borrow(self: &Arc<Self>) -> Option<Borrowed> {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        let link = match idle {
+            Some(link) => link,
+            None => {
+                let opened = self
+                    .open
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                        (open < MAX_OPEN).then_some(open + 1)
+                    });
+                if opened.is_err() {
+                    return None;
+                }
+                match self.target.open() {
+                    Ok(link) => link,
+                    Err(_) => {
+                        self.open.fetch_sub(1, Ordering::AcqRel);
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(Borrowed {
+            pool: Arc::clone(self),
+            link: Some(link),
+            finished: false,
+        })
+    }
+}
+
+impl Borrowed {
+    pub(crate) fn link(&self) -> Link {
+        self.link
+            .clone()
+            .expect("a borrowed connection until dropped")
+    }
+
+    /// The call finished (with an answer or an error): the connection can
+    /// serve another.
+    pub(crate) fn finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        let Some(link) = self.link.take() else {
+            return;
+        };
+        if self.finished {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(link);
+        } else {
+            self.pool.open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
