@@ -224,8 +224,8 @@ async fn waiters_are_woken_by_sharded_messages() {
 }
 
 /// Renewals go as one pipeline per primary per batch, however many slots
-/// the locks are in (a script call may only touch one slot, a pipeline to
-/// a primary may carry calls of all its slots).
+/// the locks are in, and each script call renews up to 100 locks of its
+/// primary, whatever their slots (`allow-cross-slot-keys`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_take_one_round_trip_per_primary() {
     let cluster = RedisCluster::start(3, 0);
@@ -242,9 +242,30 @@ async fn renewals_take_one_round_trip_per_primary() {
             .unwrap();
         guards.push(guard);
     }
-    let before = one.renewal_stats();
+    // Read shares and permits too, on other names.
+    let mut shares = Vec::new();
+    for name in names.iter().take(20) {
+        let reader = RwLock::new(format!("{name}:rw"))
+            .ttl(Duration::from_millis(900))
+            .renew()
+            .client(one.clone());
+        shares.push(reader.read().try_acquire().await.unwrap());
+        let semaphore = Semaphore::new(format!("{name}:sem"), 2)
+            .ttl(Duration::from_millis(900))
+            .renew()
+            .client(one.clone());
+        shares.push(semaphore.try_acquire().await.unwrap());
+    }
+    let scripts = |cluster: &RedisCluster| -> u64 {
+        cluster
+            .ports()
+            .iter()
+            .map(|&port| calls_on(port, "evalsha") + calls_on(port, "eval"))
+            .sum()
+    };
+    let (before, scripts_before) = (one.renewal_stats(), scripts(&cluster));
     tokio::time::sleep(Duration::from_millis(2000)).await; // several renewals of each
-    let after = one.renewal_stats();
+    let (after, script_calls) = (one.renewal_stats(), scripts(&cluster) - scripts_before);
     let (batches, round_trips) = (
         after.batches - before.batches,
         after.round_trips - before.round_trips,
@@ -254,10 +275,21 @@ async fn renewals_take_one_round_trip_per_primary() {
         round_trips <= 3 * batches,
         "{round_trips} round trips for {batches} batches of locks on 3 primaries"
     );
+    // 340 holds on 3 primaries: a call renews up to 100 locks, or 100
+    // shares, of one primary whatever their slots (at most 3 calls per
+    // primary a batch; one per slot would be ~340).
+    assert!(
+        script_calls <= 9 * batches,
+        "{script_calls} script calls for {batches} renewal batches"
+    );
     assert_eq!(after.lost, 0);
     for guard in guards {
         assert!(guard.is_held());
         guard.release().await.unwrap();
+    }
+    for share in shares {
+        assert!(share.is_held());
+        share.release().await.unwrap();
     }
 }
 

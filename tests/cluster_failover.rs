@@ -314,6 +314,13 @@ async fn a_resharded_slot_keeps_its_lock_and_wakes_its_waiter() {
         .unwrap();
     let ttl = Duration::from_millis(1500);
     let guard = hold(&one, &name, ttl).await;
+    // Another lock of the source, renewed in the same calls, stays there.
+    let (staying, _) = names_on(&cluster, source, 2);
+    let staying = staying
+        .into_iter()
+        .find(|other| slot(&format!("lock:{{{other}}}")) != first_slot)
+        .unwrap();
+    let stays = hold(&one, &staying, ttl).await;
     let waiter = tokio::spawn({
         let lock = Lock::new(name.as_str())
             .wait(Duration::from_secs(60))
@@ -355,6 +362,8 @@ async fn a_resharded_slot_keeps_its_lock_and_wakes_its_waiter() {
     // Renewals follow the slot.
     tokio::time::sleep(ttl).await;
     assert!(guard.is_held());
+    assert!(stays.is_held());
+    stays.release().await.unwrap();
     let held =
         value(&test_support::command(target, &["GET", &format!("lock:{{{name}}}")]).unwrap());
     // The holder's token, then the wake mark naming the waiter.

@@ -1,32 +1,24 @@
 //! [`RedisBackend`]: the lock on one Redis server (or a primary with replicas
-//! behind one address). Every lock's keys live on it; a renewal batch is one
-//! pipelined round trip. The exclusive lock is here, the shared-holder kinds
-//! in `shared.rs`.
+//! behind one address), or on a Redis Cluster. Every lock's keys live in one
+//! slot. The exclusive lock is here, the shared-holder kinds in `shared.rs`,
+//! renewals in `renewal.rs`.
 
+mod renewal;
 mod shared;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use redis::{Cmd, FromRedisValue, Value};
+use redis::{Cmd, Value};
 
 use super::ack_pool::{AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
-use super::scripts::{
-    as_eval, evalsha, is_noscript, run, LuaScript, ACQUIRE, HANDOFF, LEAVE, RELEASE,
-    RELEASE_KEEPING, RENEW, RENEW_SHARES,
-};
-use super::slot_map::primary_of;
-use super::slots::slot;
+use super::scripts::{evalsha, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
-
-/// Locks per renewal script call (a script blocks Redis while it runs).
-const LOCKS_PER_CALL: usize = 100;
 
 pub(crate) struct RedisBackend {
     connection: Connection,
@@ -425,248 +417,10 @@ impl Backend for RedisBackend {
         items: &'a [RenewItem<'a>],
         round_trips: &'a AtomicU64,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
-        Box::pin(async move {
-            // Locks held by a token (exclusive, writers) and shares (read
-            // shares, permits: members of a sorted set), each by its script,
-            // in chunks; all in one pipeline. On a cluster a script call
-            // may only touch keys of one slot: the chunks are per slot, and
-            // the calls of all the slots of one primary are one pipeline
-            // sent to it (one round trip per node; see `slot_map.rs`).
-            let groups = if self.cluster {
-                self.cluster_groups(items).await
-            } else {
-                vec![RenewGroup {
-                    route: None,
-                    items: (0..items.len()).collect(),
-                    slots: Vec::new(),
-                }]
-            };
-            let batches: Vec<Vec<RenewCall<'_>>> = groups
-                .iter()
-                .map(|group| renew_calls(items, group))
-                .collect();
-            let sent = groups
-                .iter()
-                .zip(&batches)
-                .map(|(group, calls)| self.renew_batch(calls, group.route, round_trips));
-            let replies = futures_util::future::join_all(sent).await;
-            let mut found = vec![Found::Gone; items.len()];
-            for (calls, replies) in batches.iter().zip(replies) {
-                for ((script, _, chunk), codes) in calls.iter().zip(replies?) {
-                    let shares = std::ptr::eq(*script, &*RENEW_SHARES);
-                    for (&i, code) in chunk.iter().zip(codes) {
-                        found[i] = match code {
-                            // A share is only ever its holder's, or gone.
-                            1 if shares => Found::Mine,
-                            _ if shares => Found::Gone,
-                            code => self::found(code),
-                        };
-                    }
-                }
-            }
-            Ok(found)
-        })
+        Box::pin(self.renew_all(items, round_trips))
     }
 
     fn call_deadline(&self) -> Duration {
         self.connection.deadline()
-    }
-}
-
-/// The renewals sent in one pipeline: to one server, or to one primary of
-/// a cluster (`route`: one of its slots), the items of each slot apart.
-struct RenewGroup {
-    route: Option<u16>,
-    /// On one server: every item.
-    items: Vec<usize>,
-    /// On a cluster: the items of each slot.
-    slots: Vec<Vec<usize>>,
-}
-
-/// One renewal script call: its script, the call, the items it renews.
-type RenewCall<'a> = (&'static LuaScript, Cmd, Vec<usize>);
-
-/// The renewal script calls for the items of `group`: locks held by a
-/// token by `renew.lua`, shares by `renew_shares.lua`, in chunks (on a
-/// cluster, chunks of one slot each).
-fn renew_calls<'a>(items: &[RenewItem<'_>], group: &RenewGroup) -> Vec<RenewCall<'a>> {
-    let mut calls = Vec::new();
-    if group.slots.is_empty() {
-        renew_calls_of(items, &group.items, &mut calls);
-    }
-    for slot in &group.slots {
-        renew_calls_of(items, slot, &mut calls);
-    }
-    calls
-}
-
-fn renew_calls_of<'a>(items: &[RenewItem<'_>], group: &[usize], calls: &mut Vec<RenewCall<'a>>) {
-    let (tokens, shares): (Vec<usize>, Vec<usize>) = group
-        .iter()
-        .partition(|&&i| matches!(items[i].kind, Kind::Exclusive | Kind::Write));
-    for chunk in tokens.chunks(LOCKS_PER_CALL) {
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(RENEW.hash()).arg(chunk.len());
-        for &i in chunk {
-            call.arg(&items[i].keys.lock);
-        }
-        for &i in chunk {
-            call.arg(items[i].ttl_ms).arg(items[i].token);
-        }
-        calls.push((&RENEW, call, chunk.to_vec()));
-    }
-    for chunk in shares.chunks(LOCKS_PER_CALL) {
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(RENEW_SHARES.hash());
-        // A read share: the writer key (a lone reader's) and the readers
-        // ZSET; a permit: the semaphore ZSET.
-        let keys: usize = chunk
-            .iter()
-            .map(|&i| 1 + usize::from(items[i].kind == Kind::Read))
-            .sum();
-        call.arg(keys);
-        for &i in chunk {
-            let keys = items[i].keys;
-            if items[i].kind == Kind::Read {
-                call.arg(&keys.lock).arg(keys.readers());
-            } else {
-                call.arg(&keys.lock);
-            }
-        }
-        for &i in chunk {
-            let item = &items[i];
-            match item.kind {
-                Kind::Semaphore { permits, .. } => call.arg(format!("{permits}|{}", item.token)),
-                _ => call.arg(item.token),
-            };
-            call.arg(item.ttl_ms)
-                .arg(1 + u8::from(item.kind == Kind::Read));
-        }
-        calls.push((&RENEW_SHARES, call, chunk.to_vec()));
-    }
-}
-
-impl RedisBackend {
-    /// The renewals of `items` grouped by the primary that serves their
-    /// slots (by slot alone if the slot map cannot be had).
-    async fn cluster_groups(&self, items: &[RenewItem<'_>]) -> Vec<RenewGroup> {
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, item) in items.iter().enumerate() {
-            by_slot.entry(slot(&item.keys.lock)).or_default().push(i);
-        }
-        let ranges = self.connection.link().slot_map().await;
-        let mut groups: Vec<RenewGroup> = Vec::new();
-        let mut of_node: HashMap<&str, usize> = HashMap::new();
-        for (slot, items) in by_slot {
-            // A slot the map does not place: a pipeline of its own.
-            let node = ranges
-                .as_deref()
-                .and_then(|ranges| primary_of(ranges, slot));
-            let at = match node.and_then(|node| of_node.get(node)) {
-                Some(&at) => at,
-                None => {
-                    groups.push(RenewGroup {
-                        route: Some(slot),
-                        items: Vec::new(),
-                        slots: Vec::new(),
-                    });
-                    if let Some(node) = node {
-                        of_node.insert(node, groups.len() - 1);
-                    }
-                    groups.len() - 1
-                }
-            };
-            groups[at].slots.push(items);
-        }
-        groups
-    }
-
-    /// The renewal `calls`, each sent by itself (routed by its keys), all
-    /// at once: after a redirection showed the slot map stale.
-    async fn renew_one_by_one(
-        &self,
-        calls: &[RenewCall<'_>],
-        connection: &Link,
-    ) -> redis::RedisResult<Vec<Vec<i64>>> {
-        let scripts = self.connection.scripts();
-        let sent = calls.iter().map(|(script, call, _)| {
-            let mut connection = connection.clone();
-            async move { run::<Vec<i64>>(script, call, &mut connection, scripts).await }
-        });
-        futures_util::future::join_all(sent)
-            .await
-            .into_iter()
-            .collect()
-    }
-
-    /// Sends `calls` as one pipeline (one round trip: to the server, or to
-    /// the primary of the slot `route`), retried on a fresh connection
-    /// within the deadline; their replies in order.
-    async fn renew_batch(
-        &self,
-        calls: &[RenewCall<'_>],
-        route: Option<u16>,
-        round_trips: &AtomicU64,
-    ) -> redis::RedisResult<Vec<Vec<i64>>> {
-        let scripts = self.connection.scripts();
-        // EVALSHA for the scripts this client has run; EVAL (which caches
-        // them) for the others, or for all after a NOSCRIPT.
-        let pipeline = |all_eval: bool| {
-            let mut pipe = redis::pipe();
-            for (script, call, _) in calls {
-                if all_eval || !scripts.has(script) {
-                    pipe.add_command(as_eval(script, call));
-                } else {
-                    pipe.add_command(call.clone());
-                }
-            }
-            pipe
-        };
-        let query = |mut connection: Link, pipe: redis::Pipeline, route: Option<u16>| async move {
-            let values = connection.pipeline_to(&pipe, route).await?;
-            values
-                .iter()
-                .map(|value| Vec::<i64>::from_redis_value_ref(value).map_err(Into::into))
-                .collect()
-        };
-        self.connection
-            .call(|connection, attempt| {
-                let (pipeline, query) = (&pipeline, &query);
-                let (connection, borrowed) = self.for_call(connection, self.ack);
-                let call = async move {
-                    round_trips.fetch_add(1, Ordering::Relaxed);
-                    // A retry after a redirection: the slot map was stale;
-                    // each call by itself, routed by its keys.
-                    let route = route.filter(|_| attempt == 0);
-                    if route.is_none() && attempt > 0 && self.cluster {
-                        connection.forget_slot_map();
-                        return self.renew_one_by_one(calls, &connection).await;
-                    }
-                    let result = match query(connection.clone(), pipeline(false), route).await {
-                        Err(error) if is_noscript(&error) => {
-                            // Redis restarted, failed over or flushed its
-                            // script cache: the same calls as EVAL.
-                            round_trips.fetch_add(1, Ordering::Relaxed);
-                            query(connection, pipeline(true), route).await
-                        }
-                        result => result,
-                    };
-                    if result.is_ok() {
-                        for (script, _, _) in calls {
-                            scripts.add(script);
-                        }
-                    }
-                    result
-                };
-                async move {
-                    let mut borrowed = borrowed;
-                    let result = call.await;
-                    if let Some(borrowed) = &mut borrowed {
-                        borrowed.finished();
-                    }
-                    result
-                }
-            })
-            .await
     }
 }

@@ -138,6 +138,19 @@ pub(crate) static LEAVE: LazyLock<LuaScript> =
 pub(crate) static RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/renew.lua"), 16));
 
+/// The flag that lets a script touch keys of several slots of its node
+/// (Redis 7; a Redis Cluster's renewals, grouped by primary), and
+/// `any_slot.lua`, which takes the keys from ARGV (a script's declared keys
+/// must still share a slot).
+const ANY_SLOT: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys\n",
+    include_str!("lua/any_slot.lua")
+);
+
+/// `lua/renew.lua` for a cluster's primary: locks of any of its slots.
+pub(crate) static RENEW_ANY_SLOT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[ANY_SLOT, include_str!("lua/renew.lua")].concat(), 8192));
+
 /// `lua/handoff.lua`: pass a held lock to the next task of the process.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/handoff.lua"), 32));
@@ -211,6 +224,15 @@ pub(crate) static SEMAPHORE_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
         include_str!("lua/semaphore_leave.lua"),
     ];
     LuaScript::new(&source.concat(), 2048)
+});
+
+/// `lua/renew_shares.lua` for a cluster's primary: shares of any of its
+/// slots.
+pub(crate) static RENEW_SHARES_ANY_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[ANY_SLOT, SHARES, include_str!("lua/renew_shares.lua")].concat(),
+        16384,
+    )
 });
 
 /// `lua/renew_shares.lua`: extend many read shares and permits of one
