@@ -16,18 +16,31 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arc_swap::ArcSwapOption;
+
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 
-use super::slot_map::{parse_cluster_slots, primary_of, Ranges};
+use super::slot_map::{parse_cluster_slots, Ranges};
 use super::slots::slot;
+
+/// The slot map, and for each slot the connection to its primary (no
+/// lock, no hashing on a call's way).
+struct Table {
+    ranges: Arc<Ranges>,
+    /// Index in `primaries` of each slot's primary; `NONE` if unserved.
+    slot_primary: Vec<u16>,
+    primaries: Vec<ConnectionManager>,
+}
+
+const NONE: u16 = u16::MAX;
 
 pub(crate) struct Router {
     /// The seed nodes (their settings: credentials, TLS, database).
     seeds: Vec<ConnectionInfo>,
     config: ConnectionManagerConfig,
-    /// Which primary serves which slot, if known.
-    map: Mutex<Option<Arc<Ranges>>>,
+    /// Which primary serves which slot, and its connection, if known.
+    table: ArcSwapOption<Table>,
     /// One connection per node address (`host:port`), opened on first use.
     nodes: Mutex<HashMap<String, ConnectionManager>>,
     /// One fetch of the map at a time.
@@ -39,33 +52,32 @@ impl Router {
         Router {
             seeds,
             config,
-            map: Mutex::new(None),
+            table: ArcSwapOption::empty(),
             nodes: Mutex::new(HashMap::new()),
             fetching: tokio::sync::Mutex::new(()),
         }
     }
 
-    fn map_now(&self) -> MutexGuard<'_, Option<Arc<Ranges>>> {
-        self.map
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// The slot map is stale (a redirection, a node gone): fetched again
     /// before the next call.
     pub(crate) fn forget(&self) {
-        *self.map_now() = None;
+        self.table.store(None);
     }
 
-    /// The slot map, fetched (`CLUSTER SLOTS`, from the known nodes then
-    /// the seeds, the first that answers) if not known.
+    /// The slot map, fetched if not known.
     pub(crate) async fn ranges(&self) -> RedisResult<Arc<Ranges>> {
-        if let Some(ranges) = self.map_now().clone() {
-            return Ok(ranges);
+        Ok(Arc::clone(&self.table().await?.ranges))
+    }
+
+    /// The slot table, fetched (`CLUSTER SLOTS`, from the known nodes then
+    /// the seeds, the first that answers) if not known.
+    async fn table(&self) -> RedisResult<Arc<Table>> {
+        if let Some(table) = self.table.load_full() {
+            return Ok(table);
         }
         let _fetching = self.fetching.lock().await;
-        if let Some(ranges) = self.map_now().clone() {
-            return Ok(ranges); // another call fetched it meanwhile
+        if let Some(table) = self.table.load_full() {
+            return Ok(table); // another call fetched it meanwhile
         }
         let mut candidates: Vec<String> = self.nodes().keys().cloned().collect();
         candidates.extend(self.seeds.iter().filter_map(|seed| address(seed.addr())));
@@ -78,12 +90,12 @@ impl Router {
                 .await;
             match reply.map(|reply| parse_cluster_slots(&reply)) {
                 Ok(Some(ranges)) if !ranges.is_empty() => {
-                    let ranges = Arc::new(ranges);
                     // Connections of nodes that serve no slot any more end.
                     self.nodes()
                         .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
-                    *self.map_now() = Some(Arc::clone(&ranges));
-                    return Ok(ranges);
+                    let table = Arc::new(self.build(ranges)?);
+                    self.table.store(Some(Arc::clone(&table)));
+                    return Ok(table);
                 }
                 Ok(_) => {
                     last_error = Some(RedisError::from((
@@ -102,6 +114,32 @@ impl Router {
             )
                 .into()
         }))
+    }
+
+    /// The table of `ranges`: each slot's primary's connection.
+    fn build(&self, ranges: Ranges) -> RedisResult<Table> {
+        let mut slot_primary = vec![NONE; 16384];
+        let mut primaries: Vec<ConnectionManager> = Vec::new();
+        let mut index: HashMap<&str, u16> = HashMap::new();
+        for (start, end, address) in &ranges {
+            let at = match index.get(address.as_str()) {
+                Some(&at) => at,
+                None => {
+                    primaries.push(self.node(address)?);
+                    let at = (primaries.len() - 1) as u16;
+                    index.insert(address, at);
+                    at
+                }
+            };
+            for slot in *start..=(*end).min(16383) {
+                slot_primary[usize::from(slot)] = at;
+            }
+        }
+        Ok(Table {
+            ranges: Arc::new(ranges),
+            slot_primary,
+            primaries,
+        })
     }
 
     fn nodes(&self) -> MutexGuard<'_, HashMap<String, ConnectionManager>> {
@@ -151,19 +189,19 @@ impl Router {
 
     /// The connection to the primary of `slot` (`None`: any primary).
     async fn primary(&self, slot: Option<u16>) -> RedisResult<ConnectionManager> {
-        let ranges = self.ranges().await?;
-        let address = match slot {
-            Some(slot) => primary_of(&ranges, slot).ok_or_else(|| {
+        let table = self.table().await?;
+        let at = slot.map_or(0, |slot| table.slot_primary[usize::from(slot) % 16384]);
+        match table.primaries.get(usize::from(at)) {
+            Some(connection) => Ok(connection.clone()),
+            None => {
                 self.forget();
-                RedisError::from((
+                Err(RedisError::from((
                     redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
                     "no primary serves the slot",
-                    slot.to_string(),
-                ))
-            })?,
-            None => ranges[0].2.as_str(),
-        };
-        self.node(address)
+                    slot.unwrap_or_default().to_string(),
+                )))
+            }
+        }
     }
 
     /// Sends `cmd` to the primary of its key's slot.
@@ -269,18 +307,26 @@ fn key_slot(cmd: &Cmd) -> Option<u16> {
         Arg::Simple(bytes) => Some(bytes),
         _ => None,
     });
-    let name = args.next()?.to_ascii_uppercase();
-    let key = match name.as_slice() {
-        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
-            let _script = args.next()?;
-            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
-            if keys == 0 {
-                return None;
-            }
-            args.next()?
+    let name = args.next()?;
+    let is = |names: &[&[u8]]| names.iter().any(|known| name.eq_ignore_ascii_case(known));
+    let key = if is(&[
+        b"EVALSHA",
+        b"EVAL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]) {
+        let _script = args.next()?;
+        let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+        if keys == 0 {
+            return None;
         }
-        b"CLUSTER" | b"WAIT" | b"PING" | b"ASKING" | b"SCRIPT" | b"INFO" => return None,
-        _ => args.next()?,
+        args.next()?
+    } else if is(&[b"CLUSTER", b"WAIT", b"PING", b"ASKING", b"SCRIPT", b"INFO"]) {
+        return None;
+    } else {
+        args.next()?
     };
     Some(slot(std::str::from_utf8(key).ok()?))
 }
