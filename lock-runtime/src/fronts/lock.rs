@@ -4,6 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};
 use crate::error::LockError;
@@ -190,7 +192,30 @@ impl Lock {
     /// release does nothing, and the lock is released when the outermost
     /// holder exits.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
-        self.take(Entry::Guard).await
+        self.traced(self.take(Entry::Guard)).await
+    }
+
+    /// `acquiring` inside the `lock.acquire` span, whose fields say how it
+    /// ended (README, "Tracing").
+    async fn traced(
+        &self,
+        acquiring: impl Future<Output = Result<LockGuard, LockError>>,
+    ) -> Result<LockGuard, LockError> {
+        let span = tracing::info_span!(
+            "lock.acquire",
+            lock.name = %self.name,
+            lock.outcome = tracing::field::Empty,
+            lock.waited_ms = tracing::field::Empty,
+            lock.fencing_token = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let result = acquiring.instrument(span.clone()).await;
+        span.record("lock.waited_ms", started.elapsed().as_millis() as u64);
+        span.record("lock.outcome", acquire_outcome(&result));
+        if let Some(token) = result.as_ref().ok().and_then(|guard| guard.fencing_token()) {
+            span.record("lock.fencing_token", token);
+        }
+        result
     }
 
     /// `acquire`, for a guard that is a manual one or runs a body.
@@ -263,11 +288,14 @@ impl Lock {
     /// Takes the lock if it is free, in one round trip; never waits.
     /// Reentrant like [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
-        let acquisition = self.prepare()?;
-        if let Some(scope) = &acquisition.held {
-            return Box::pin(acquisition.reentered(scope, Entry::Guard)).await;
-        }
-        acquisition.once().await
+        self.traced(async {
+            let acquisition = self.prepare()?;
+            if let Some(scope) = &acquisition.held {
+                return Box::pin(acquisition.reentered(scope, Entry::Guard)).await;
+            }
+            acquisition.once().await
+        })
+        .await
     }
 
     /// Runs `body` while holding the lock, then releases it: what
@@ -282,7 +310,7 @@ impl Lock {
     /// unrenewed ttl), the body's output is still returned, since its work is
     /// done, and the loss is logged at error level.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        let guard = self.take(Entry::Body).await?;
+        let guard = self.traced(self.take(Entry::Body)).await?;
         let output = guard.run(body).await?;
         if let Err(error) = guard.release().await {
             tracing::error!(lock = %self.name, %error, "critical section finished, but its release failed");
@@ -428,3 +456,13 @@ pub(crate) const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 /// ttl less its drift margin (1 % + 2 ms). The attribute checks it at
 /// compile time.
 pub const MIN_RENEWED_TTL: Duration = Duration::from_millis(10);
+
+/// The `lock.outcome` of an acquisition.
+fn acquire_outcome(result: &Result<LockGuard, LockError>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(LockError::Busy { .. }) => "busy",
+        Err(LockError::WaitTimeout { .. }) => "timed_out",
+        Err(_) => "error",
+    }
+}

@@ -13,6 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::Arc;
+use tracing::Instrument;
 
 /// What to do with the body when a renewed lock is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,7 +108,17 @@ impl LockGuard {
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let hold = Arc::clone(self.hold());
         let stop_on_loss = hold.stop_on_loss;
+        // Every event of the body carries the lock's name and token.
+        let span = tracing::info_span!(
+            "lock.hold",
+            lock.name = %hold.name(),
+            lock.fencing_token = tracing::field::Empty,
+        );
+        if let Some(token) = hold.fencing_token {
+            span.record("lock.fencing_token", token);
+        }
         watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body)
+            .instrument(span)
             .await
             .map_err(|cause| LockError::Lost {
                 key: self.hold().name().to_owned(),
@@ -139,7 +150,25 @@ impl LockGuard {
     /// future is dropped before it completes, the guard is dropped with it
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
+        let span = tracing::info_span!(
+            "lock.release",
+            lock.name = %self.hold().name(),
+            lock.outcome = tracing::field::Empty,
+        );
+        let result = self.release_traced().instrument(span.clone()).await;
+        span.record(
+            "lock.outcome",
+            match &result {
+                Ok(()) => "released",
+                Err(LockError::Lost { .. }) => "lost",
+                Err(_) => "error",
+            },
+        );
+        result
+    }
+
+    async fn release_traced(mut self) -> Result<(), LockError> {
         if let Some((scope, entered)) = self.reentrant.take() {
             scope.leave(entered);
             // The outermost holder releases; if it already has, this entry

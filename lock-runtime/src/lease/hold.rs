@@ -233,15 +233,17 @@ impl Hold {
         self.valid_until.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Records the loss (the first cause wins), logs it at error level, and
-    /// wakes the holder. Only renewed locks record losses.
+    /// Records the loss (the first cause wins) and wakes the holder. Only
+    /// renewed locks record losses. Not logged as an error here: the loss
+    /// is returned to the holder (its body's `Lost`, its release's), and a
+    /// failure is either returned or logged, never both.
     pub(crate) fn mark_lost(&self, cause: LostCause) {
         let first = self
             .lost
             .compare_exchange(0, cause.code(), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
-            tracing::error!(lock = %self.name(), cause = %cause, "lock lost");
+            tracing::debug!(lock = %self.name(), cause = %cause, "lock lost; the holder is told");
         }
         self.wake();
     }
