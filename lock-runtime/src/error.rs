@@ -33,6 +33,18 @@ impl LostCause {
         }
     }
 
+    /// The `cause` label of the `lock_lost_total` metric.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            LostCause::Expired => "expired",
+            LostCause::TakenOver => "taken_over",
+            LostCause::NotRenewed => "not_renewed",
+            LostCause::MaxHold => "max_hold",
+            LostCause::Released => "released",
+        }
+    }
+
     pub(crate) fn from_code(code: u8) -> LostCause {
         match code {
             1 => LostCause::Expired,

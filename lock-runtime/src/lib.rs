@@ -24,6 +24,7 @@ mod error;
 mod fronts;
 mod keys;
 mod lease;
+mod observe;
 mod redact;
 mod token;
 

@@ -210,8 +210,10 @@ impl Lock {
         );
         let started = Instant::now();
         let result = acquiring.instrument(span.clone()).await;
-        span.record("lock.waited_ms", started.elapsed().as_millis() as u64);
-        span.record("lock.outcome", acquire_outcome(&result));
+        let (waited, outcome) = (started.elapsed(), acquire_outcome(&result));
+        span.record("lock.waited_ms", waited.as_millis() as u64);
+        span.record("lock.outcome", outcome);
+        crate::observe::acquisition(&self.name, outcome, waited);
         if let Some(token) = result.as_ref().ok().and_then(|guard| guard.fencing_token()) {
             span.record("lock.fencing_token", token);
         }

@@ -120,9 +120,12 @@ impl LockGuard {
         watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body)
             .instrument(span)
             .await
-            .map_err(|cause| LockError::Lost {
-                key: self.hold().name().to_owned(),
-                cause,
+            .map_err(|cause| {
+                self.hold().count_loss(cause);
+                LockError::Lost {
+                    key: self.hold().name().to_owned(),
+                    cause,
+                }
             })
     }
 
@@ -156,7 +159,16 @@ impl LockGuard {
             lock.name = %self.hold().name(),
             lock.outcome = tracing::field::Empty,
         );
+        let hold = Arc::clone(self.hold());
+        let outermost = self.reentrant.is_none();
         let result = self.release_traced().instrument(span.clone()).await;
+        match &result {
+            Ok(()) if outermost => {
+                crate::observe::released(hold.name(), hold.acquired_at.elapsed())
+            }
+            Err(LockError::Lost { cause, .. }) if outermost => hold.count_loss(*cause),
+            _ => {}
+        }
         span.record(
             "lock.outcome",
             match &result {

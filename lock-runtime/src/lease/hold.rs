@@ -87,6 +87,8 @@ pub(crate) struct Hold {
     pub(crate) renewed: bool,
     /// When the acquiring command was sent.
     pub(crate) acquired_at: Instant,
+    /// The loss was counted in the metrics.
+    loss_counted: AtomicBool,
     /// When the acquiring reply arrived: the key was set before this.
     pub(crate) confirmed_at: Instant,
     pub(crate) fencing_token: Option<u64>,
@@ -150,6 +152,7 @@ impl Hold {
             ttl,
             renewed,
             acquired_at: sent_at,
+            loss_counted: AtomicBool::new(false),
             confirmed_at,
             fencing_token,
             hold_at_least,
@@ -231,6 +234,14 @@ impl Hold {
     pub(crate) fn extend(&self, sent_at: Instant) {
         let until = to_nanos(sent_at + self.ttl - drift_margin(self.ttl));
         self.valid_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Counts the loss `cause` in the metrics, once per hold, when it is
+    /// returned to the holder.
+    pub(crate) fn count_loss(&self, cause: LostCause) {
+        if !self.loss_counted.swap(true, Ordering::AcqRel) {
+            crate::observe::lost(self.name(), cause);
+        }
     }
 
     /// Records the loss (the first cause wins) and wakes the holder. Only

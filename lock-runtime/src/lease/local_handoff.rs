@@ -230,6 +230,7 @@ async fn pass_early(
         // Gone before anything was sent: the next one, or a release.
         return pass_or_release(hold, generation).await;
     }
+    crate::observe::handed_off(hold.name());
     let outcome = handoff_until_answered(&hold, &next).await;
     let result = match outcome {
         Ok((_, queued)) => {
@@ -301,6 +302,7 @@ async fn pass_confirmed(
             cohorts.passed(key, generation, queued);
             linger_after_pass(Arc::clone(&hold));
             let next = next_hold(&hold, wants, token.clone(), sent_at, fence, None);
+            crate::observe::handed_off(hold.name());
             if waiter.send(Passed::Lock(next)).is_err() {
                 // The waiter gave up meanwhile: the lock holds a token
                 // nobody has; pass it on, or release it.

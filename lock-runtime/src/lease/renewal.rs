@@ -380,6 +380,7 @@ impl Renewer {
         self.counters
             .renewals_sent
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        crate::observe::renewals(batch.len() as u64);
         self.backend.renew(&items, &self.counters.round_trips).await
     }
 }

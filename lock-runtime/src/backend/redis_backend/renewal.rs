@@ -159,12 +159,14 @@ impl RedisBackend {
                 let (connection, borrowed) = self.for_call(connection, self.ack);
                 let call = async move {
                     round_trips.fetch_add(1, Ordering::Relaxed);
+                    crate::observe::renewal_round_trip();
                     if attempt == 0 || !self.cluster {
                         let result = match query(connection.clone(), pipeline(false)).await {
                             Err(error) if is_noscript(&error) => {
                                 // Redis restarted, failed over or flushed its
                                 // script cache: the same calls as EVAL.
                                 round_trips.fetch_add(1, Ordering::Relaxed);
+                                crate::observe::renewal_round_trip();
                                 query(connection.clone(), pipeline(true)).await
                             }
                             result => result,
