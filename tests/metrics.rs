@@ -14,8 +14,11 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 /// added up here. Counters by value, histograms by number of samples.
 struct Totals {
     snapshotter: Snapshotter,
-    seen: Vec<(String, Vec<(String, String)>, u64)>,
+    seen: Vec<Seen>,
 }
+
+/// A metric's name, labels and amount in one snapshot.
+type Seen = (String, Vec<(String, String)>, u64);
 
 impl Totals {
     fn refresh(&mut self) {
