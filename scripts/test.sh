@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace. Installs redis-server first when it is
+# Runs every test of the workspace, then cargo fmt --check, clippy and
+# cargo doc with warnings denied. Installs redis-server first when it is
 # missing; each test starts its own redis-server on a free loopback port.
-# Ends with one line adding up every test binary's results.
+# Prints one line adding up every test binary's results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,4 +13,8 @@ status=0
 cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# The code's own checks: formatting, lints, documentation (warnings are errors).
+cargo fmt --all --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; status=1; }
+cargo clippy --workspace --all-targets --locked -- -D warnings || status=1
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked || status=1
 exit "$status"

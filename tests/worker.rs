@@ -685,7 +685,7 @@ async fn try_shared(lock: Lock) {
 }
 
 /// Enters a semaphore section: counts this holder in and the permits of the
-/// live holders in the semaphore's ZSET (KEYS[3]; the `#capacity:N` member
+/// live holders in the semaphore's ZSET (`KEYS[3]`; the `#capacity:N` member
 /// left out), keeping the highest of each; returns both.
 const PERMIT_IN: &str = r"
 local v = redis.call('INCR', KEYS[1])

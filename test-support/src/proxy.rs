@@ -4,7 +4,7 @@
 //!
 //! Std threads only (no async runtime): one thread accepts, and each
 //! connection has one thread per direction. Every wait is bounded by
-//! [`TICK`], so the threads notice new settings, closed connections and the
+//! `TICK`, so the threads notice new settings, closed connections and the
 //! proxy's drop promptly without spinning.
 //!
 //! Limitations: latency is applied chunk by chunk on each direction's single
