@@ -14,6 +14,10 @@ cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 # The code's own checks: formatting, lints, documentation (warnings are errors).
+# rustfmt and clippy come with rustup's default profile; add them if missing.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
 cargo fmt --all --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; status=1; }
 cargo clippy --workspace --all-targets --locked -- -D warnings || status=1
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked || status=1
