@@ -10,7 +10,7 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, LockGuard};
-use test_support::RedisCluster;
+use test_support::{RedisCluster, RedisServer};
 
 fn cluster_url(cluster: &RedisCluster, credentials: &str) -> String {
     let hosts: Vec<String> = cluster
@@ -513,10 +513,6 @@ fn resp3_clients(port: u16) -> Vec<String> {
 /// (whose pipeline went through and extended their keys) count as not
 /// renewed too, and their holders are told they lost them, although Redis
 /// keeps their keys (and every other client out) for another ttl.
-///
-/// At fault: `RedisBackend::renew` (`replies?` in the loop over the
-/// groups' replies: the first failed group fails every item; and
-/// `join_all` makes the batch last as long as the slowest group's retries).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_down_does_not_lose_the_locks_on_the_other_primaries() {
     let mut cluster = RedisCluster::start(3, 0);
@@ -575,10 +571,6 @@ async fn a_primary_down_does_not_lose_the_locks_on_the_other_primaries() {
 /// waited in, every 200 ms, for as long as the client lives, long after
 /// its last waiter is gone (the one-server task ends when it cannot
 /// subscribe and no waiter is left).
-///
-/// At fault: `notify/cluster.rs` `run` / `subscribe_slots` (a failed
-/// subscription re-kicks the loop forever; `wanted` is never emptied and
-/// `end_task_if_idle` is only asked when the connection cannot be opened).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_subscription_is_not_retried_forever_without_waiters() {
     let cluster = RedisCluster::start(3, 0);
@@ -663,10 +655,6 @@ async fn a_refused_subscription_is_not_retried_forever_without_waiters() {
 /// to, so it is never subscribed again on its new node: every later waiter
 /// there is served only by its timed retries, and releases there wake
 /// nobody.
-///
-/// At fault: `notify/cluster.rs` `subscribe_slots` (`set_ready` for each
-/// slot after `join_all`, whatever `handle` did with a `SUnsubscribe`
-/// push for that slot meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() {
     let cluster = RedisCluster::start(3, 0);
@@ -771,4 +759,379 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
         .unwrap()
         .unwrap();
     guard.release().await.unwrap();
+}
+
+/// A `redis-cluster://` URL naming `ports` as seeds, in this order.
+fn url_of(ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    format!("redis-cluster://{}", hosts.join(","))
+}
+
+/// A primary that stalls (SIGSTOP: a paused VM, a node behind a partition
+/// that drops packets) instead of refusing connections: the locks on the
+/// other, healthy primaries keep being renewed (design §12: "a primary that
+/// is down or slow delays and fails only its own locks").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_does_not_lose_the_locks_on_the_other_primaries() {
+    let cluster = RedisCluster::start(3, 0);
+    for &port in cluster.ports() {
+        test_support::command(
+            port,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        )
+        .unwrap();
+    }
+    let primaries = cluster.primaries();
+    let (healthy, stalled) = (primaries[0], primaries[1]);
+    let kept_name = name_on(&cluster, healthy, "kept");
+    let doomed_name = name_on(&cluster, stalled, "doomed");
+    // Seeds: the stalled node first (any node may be the first seed).
+    let mut seeds = vec![stalled];
+    seeds.extend(cluster.ports().iter().filter(|&&port| port != stalled));
+    let client = Client::new(
+        Config::new(url_of(&seeds))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(500)),
+    )
+    .unwrap();
+    let ttl = Duration::from_millis(2000);
+    let lock = |name: &str| Lock::new(name).ttl(ttl).renew().client(client.clone());
+    let (kept_lock, doomed_lock) = (lock(&kept_name), lock(&doomed_name));
+    let (kept, other) = tokio::join!(kept_lock.try_acquire(), doomed_lock.try_acquire());
+    let (kept, _other) = (kept.unwrap(), other.unwrap());
+    tokio::time::sleep(ttl).await; // renewed at least once, both fine
+    assert!(kept.is_held());
+
+    let stopped = Stopped::stop(cluster.node(stalled).unwrap());
+    let since = Instant::now();
+    while since.elapsed() < 2 * ttl && kept.is_held() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = kept.is_held();
+    let elapsed = since.elapsed();
+    let key = format!("lock:{{{kept_name}}}");
+    let in_redis = value(&test_support::command(healthy, &["GET", &key]).unwrap());
+    drop(stopped);
+    assert!(
+        held,
+        "the holder of `{kept_name}` (on the healthy primary {healthy}) was told it lost the \
+         lock {elapsed:?} after another primary stalled; GET {key} = {in_redis:?}; stats {:?}",
+        client.renewal_stats()
+    );
+}
+
+/// The same stall, with a replica that takes over: once the cluster has
+/// failed the stalled primary (also the first seed) over, the client locks
+/// names on every primary again, the promoted replica included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_stalled_primary_is_failed_over_locks_work_again() {
+    let cluster = RedisCluster::start(3, 1);
+    let primaries = cluster.primaries();
+    let (healthy, stalled) = (primaries[0], primaries[1]);
+    let replica = cluster.replica_of(stalled).unwrap();
+    let healthy_name = name_on(&cluster, healthy, "healthy");
+    let moved_name = name_on(&cluster, stalled, "moved");
+    let mut seeds = vec![stalled];
+    seeds.extend(cluster.ports().iter().filter(|&&port| port != stalled));
+    let client = Client::new(
+        Config::new(url_of(&seeds))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(500)),
+    )
+    .unwrap();
+    // The slot table is known, with a connection to every primary.
+    for name in [&healthy_name, &moved_name] {
+        let guard = Lock::new(name.as_str())
+            .client(client.clone())
+            .try_acquire()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+
+    let stopped = Stopped::stop(cluster.node(stalled).unwrap());
+    // A call in the stalled primary's slots times out meanwhile.
+    let during = Lock::new(moved_name.as_str())
+        .client(client.clone())
+        .try_acquire()
+        .await;
+    assert!(during.is_err(), "{during:?}");
+    // The replica takes over (cluster-node-timeout 2 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let role = test_support::command(replica, &["ROLE"]).unwrap();
+        let info = test_support::command(healthy, &["CLUSTER", "INFO"]).unwrap();
+        if role.contains("master") && info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failover: {role} {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut outcomes = Vec::new();
+    for name in [&healthy_name, &moved_name] {
+        let started = Instant::now();
+        let taken = Lock::new(name.as_str())
+            .client(client.clone())
+            .try_acquire()
+            .await;
+        outcomes.push((
+            name.clone(),
+            taken.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+            started.elapsed(),
+        ));
+        if let Ok(guard) = taken {
+            guard.release().await.unwrap();
+        }
+    }
+    drop(stopped);
+    assert!(
+        outcomes.iter().all(|(_, taken, _)| taken.is_ok()),
+        "after the failover (the replica {replica} serves the stalled primary {stalled}'s \
+         slots, the cluster is ok), locking still fails: {outcomes:?}"
+    );
+}
+
+/// Acknowledged mode on a cluster, a slot in migration (`IMPORTING` on the
+/// target, `MIGRATING` on the source, as `redis-cli --cluster reshard` sets
+/// it while it moves keys): a lock whose key is not on the source is
+/// answered `ASK`. Without the mode the router follows it (`Router::send`);
+/// in acknowledged mode every call is a pipeline (the command, then
+/// `WAIT`) and `Router::send_pipeline` never follows `ASK`: the
+/// acquisition is retried on the source until its deadline and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_acquisition_in_a_migrating_slot_follows_ask() {
+    let cluster = RedisCluster::start(3, 1);
+    let primaries = cluster.primaries();
+    let (from, to) = (primaries[0], primaries[1]);
+    let name = name_on(&cluster, from, "migrating");
+    let slot = slot(&format!("lock:{{{name}}}")).to_string();
+    let ok = |port: u16, args: &[&str]| {
+        let reply = test_support::command(port, args).unwrap();
+        assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+    };
+    ok(
+        to,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &node_id(from)],
+    );
+    ok(
+        from,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &node_id(to)],
+    );
+    let url = url_of(cluster.ports());
+
+    // Without the mode: ASK followed, the lock is taken (on the target).
+    let plain = Client::new(Config::new(url.clone())).unwrap();
+    let guard = Lock::new(name.as_str())
+        .client(plain)
+        .try_acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    let acked = Client::new(
+        Config::new(url)
+            .response_timeout(Duration::from_millis(1500))
+            .acknowledged(1, Duration::from_millis(500)),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let taken = Lock::new(name.as_str()).client(acked).try_acquire().await;
+    assert!(
+        taken.is_ok(),
+        "acknowledged acquisition of `{name}` (slot {slot} migrating from {from} to {to}) failed \
+         after {:?}: {taken:?}",
+        started.elapsed()
+    );
+}
+
+/// A Redis Cluster of one node (all 16384 slots on it, as many development
+/// setups and single-shard deployments run): `CLUSTER SLOTS` names the node
+/// with an empty host (it has never learnt its own address from a peer).
+/// The router builds the address `:port` and connects to host "": every
+/// call fails. (The `redis` crate's cluster client uses the seed's host
+/// for an empty one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_node_cluster_works() {
+    let dir = std::env::temp_dir().join(format!(
+        "review12b-single-{}-{}",
+        std::process::id(),
+        test_support::free_port().unwrap()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = test_support::free_port().unwrap();
+    let extra = [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--dir",
+        &dir.display().to_string(),
+    ]
+    .map(str::to_owned);
+    let node = RedisServer::start_with(port, &extra).unwrap();
+    let reply = node
+        .command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    wait_until("the cluster is ok", LINE_TIMEOUT, || {
+        node.command(&["CLUSTER", "INFO"])
+            .is_ok_and(|info| info.contains("cluster_state:ok"))
+    });
+    let slots = node.command(&["CLUSTER", "SLOTS"]).unwrap();
+    let client =
+        Client::new(Config::new(url_of(&[port])).response_timeout(Duration::from_millis(1000)))
+            .unwrap();
+    let taken = Lock::new("single").client(client).try_acquire().await;
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        taken.is_ok(),
+        "a lock on a one-node cluster failed: {taken:?} (CLUSTER SLOTS: {slots:?})"
+    );
+}
+
+/// `cluster-preferred-endpoint-type unknown-endpoint` (for clusters behind
+/// one address, e.g. a load balancer or NAT): `CLUSTER SLOTS` answers a
+/// null endpoint, meaning "the address you asked". `parse_cluster_slots`
+/// rejects the whole reply (`primary.first()` must be a string), so
+/// `Router::table` fails with "unexpected reply to CLUSTER SLOTS" and every
+/// call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_announcing_unknown_endpoints_works() {
+    let cluster = RedisCluster::start(3, 0);
+    for &port in cluster.ports() {
+        let reply = test_support::command(
+            port,
+            &[
+                "CONFIG",
+                "SET",
+                "cluster-preferred-endpoint-type",
+                "unknown-endpoint",
+            ],
+        )
+        .unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    let client = Client::new(
+        Config::new(url_of(cluster.ports())).response_timeout(Duration::from_millis(1000)),
+    )
+    .unwrap();
+    let taken = Lock::new("unknown-endpoint")
+        .client(client)
+        .try_acquire()
+        .await;
+    assert!(
+        taken.is_ok(),
+        "a lock on a cluster announcing unknown endpoints failed: {taken:?}"
+    );
+    assert!(!matches!(taken, Err(LockError::Busy { .. })));
+}
+
+/// The same `ASK` gap for renewals: a renewed lock held in acknowledged
+/// mode whose key was moved to the importing node while its slot is still
+/// in migration (`redis-cli --cluster reshard` between its `MIGRATE` and
+/// its final `SETSLOT ... NODE`, which on a big slot or a slow node takes
+/// a while). The key is there, on the target, with the holder's token; the
+/// plain client's renewal follows `ASK` (call by call) and keeps its lock.
+/// The acknowledged holder's renewals (`Link::Acked` -> pipeline ->
+/// `Router::send_pipeline`, which never follows `ASK`) are answered `ASK`
+/// until their deadline, again and again, and the holder is told it lost a
+/// lock Redis still holds for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_renewal_in_a_migrating_slot_follows_ask() {
+    let cluster = RedisCluster::start(3, 1);
+    let primaries = cluster.primaries();
+    let (from, to) = (primaries[0], primaries[1]);
+    let plain_name = name_on(&cluster, from, "plain-moving");
+    let acked_name = name_on(&cluster, from, "acked-moving");
+    let url = url_of(cluster.ports());
+    let plain = Client::new(Config::new(url.clone())).unwrap();
+    let acked = Client::new(
+        Config::new(url)
+            .response_timeout(Duration::from_millis(1000))
+            .acknowledged(1, Duration::from_millis(300)),
+    )
+    .unwrap();
+    let ttl = Duration::from_millis(1500);
+    let plain_guard = Lock::new(plain_name.as_str())
+        .ttl(ttl)
+        .renew()
+        .client(plain.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let acked_guard = Lock::new(acked_name.as_str())
+        .ttl(ttl)
+        .renew()
+        .client(acked.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+
+    // Both slots in migration from `from` to `to`, their lock keys moved.
+    for name in [&plain_name, &acked_name] {
+        let key = format!("lock:{{{name}}}");
+        let slot = slot(&key).to_string();
+        let ok = |port: u16, args: &[&str]| {
+            let reply = test_support::command(port, args).unwrap();
+            assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+        };
+        ok(
+            to,
+            &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &node_id(from)],
+        );
+        ok(
+            from,
+            &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &node_id(to)],
+        );
+        let port = to.to_string();
+        let reply =
+            test_support::command(from, &["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"])
+                .unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    let since = Instant::now();
+    while since.elapsed() < 2 * ttl && acked_guard.is_held() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = format!("lock:{{{acked_name}}}");
+    // (GET would be answered MOVED without ASKING: the slot is importing.)
+    let on_target = test_support::command(
+        to,
+        &["CLUSTER", "GETKEYSINSLOT", &slot(&key).to_string(), "10"],
+    )
+    .unwrap();
+    assert!(
+        plain_guard.is_held(),
+        "the plain holder kept its lock through ASK"
+    );
+    assert!(
+        acked_guard.is_held(),
+        "the acknowledged holder of `{acked_name}` was told it lost its lock {:?} into the \
+         migration, yet the importing node {to} holds its key: CLUSTER GETKEYSINSLOT = \
+         {on_target:?}; stats {:?}",
+        since.elapsed(),
+        acked.renewal_stats()
+    );
+}
+
+/// Sends SIGCONT to a stopped node when dropped (also when an assertion
+/// fails), so the cluster can shut down.
+struct Stopped<'a>(&'a RedisServer);
+
+impl<'a> Stopped<'a> {
+    fn stop(server: &'a RedisServer) -> Stopped<'a> {
+        signal(server, "-STOP");
+        Stopped(server)
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
 }

@@ -130,10 +130,6 @@ async fn a_renewal_replicas_do_not_confirm_counts_as_failed_until_the_lock_is_lo
 /// written) with a lagging replica is reported as exactly that, not as
 /// `Busy`: the `WAIT` after a `SET NX` that set nothing is checked like
 /// the one after a write. A waiting acquire gives up at once the same way.
-///
-/// At fault: `Link::Acked` in connection.rs checks the `WAIT` reply
-/// whatever the write's outcome (`check_ack` after a `Nil` / busy reply);
-/// `RedisBackend::acquire` turns it into `NotReplicated`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
     let (primary, replica) = primary_with_replica();
@@ -176,9 +172,6 @@ async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
 /// they fail as Redis timeouts (outcome unknown, connection replaced)
 /// instead of `NotReplicated`, and every other call of the client (releases,
 /// renewals of other locks) queues behind them.
-///
-/// At fault: `Link::Acked` sends `WAIT` on the shared `ConnectionManager`
-/// (connection.rs), `RedisBackend::call` in acknowledged mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
     let (primary, replica) = primary_with_replica();

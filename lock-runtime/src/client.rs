@@ -272,6 +272,7 @@ impl Client {
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
                 manager_config,
+                call_deadline(&config),
             )
         } else {
             CallTarget::Node(Box::new(seeds[0].clone()), manager_config)

@@ -33,7 +33,13 @@ use super::slot_map::Ranges;
 #[derive(Clone)]
 pub(crate) enum Target {
     Node(Box<redis::Client>, ConnectionManagerConfig),
-    Cluster(Vec<redis::ConnectionInfo>, ConnectionManagerConfig),
+    /// The seed nodes, the connections' settings, and the longest a node
+    /// may take to answer `CLUSTER SLOTS`.
+    Cluster(
+        Vec<redis::ConnectionInfo>,
+        ConnectionManagerConfig,
+        Duration,
+    ),
 }
 
 impl Target {
@@ -44,9 +50,11 @@ impl Target {
                 (**redis).clone(),
                 config.clone(),
             )?),
-            Target::Cluster(seeds, config) => {
-                Link::Cluster(Arc::new(Router::new(seeds.clone(), config.clone())))
-            }
+            Target::Cluster(seeds, config, deadline) => Link::Cluster(Arc::new(Router::new(
+                seeds.clone(),
+                config.clone(),
+                *deadline,
+            ))),
         })
     }
 }

@@ -15,12 +15,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 
+use super::connection::within;
 use super::slot_map::{parse_cluster_slots, Ranges};
 use super::slots::slot;
 
@@ -39,6 +41,8 @@ pub(crate) struct Router {
     /// The seed nodes (their settings: credentials, TLS, database).
     seeds: Vec<ConnectionInfo>,
     config: ConnectionManagerConfig,
+    /// The longest a node may take to answer `CLUSTER SLOTS`.
+    deadline: Duration,
     /// Which primary serves which slot, and its connection, if known.
     table: ArcSwapOption<Table>,
     /// One connection per node address (`host:port`), opened on first use.
@@ -48,10 +52,15 @@ pub(crate) struct Router {
 }
 
 impl Router {
-    pub(crate) fn new(seeds: Vec<ConnectionInfo>, config: ConnectionManagerConfig) -> Router {
+    pub(crate) fn new(
+        seeds: Vec<ConnectionInfo>,
+        config: ConnectionManagerConfig,
+        deadline: Duration,
+    ) -> Router {
         Router {
             seeds,
             config,
+            deadline,
             table: ArcSwapOption::empty(),
             nodes: Mutex::new(HashMap::new()),
             fetching: tokio::sync::Mutex::new(()),
@@ -81,39 +90,46 @@ impl Router {
         }
         let mut candidates: Vec<String> = self.nodes().keys().cloned().collect();
         candidates.extend(self.seeds.iter().filter_map(|seed| address(seed.addr())));
-        let mut last_error = None;
-        for candidate in candidates {
-            let mut connection = self.node(&candidate)?;
-            let reply = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<Value>(&mut connection)
-                .await;
-            match reply.map(|reply| parse_cluster_slots(&reply)) {
-                Ok(Some(ranges)) if !ranges.is_empty() => {
-                    // Connections of nodes that serve no slot any more end.
-                    self.nodes()
-                        .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
-                    let table = Arc::new(self.build(ranges)?);
-                    self.table.store(Some(Arc::clone(&table)));
-                    return Ok(table);
-                }
-                Ok(_) => {
-                    last_error = Some(RedisError::from((
+        candidates.sort();
+        candidates.dedup();
+        // Every candidate asked at once, the first good answer taken: a
+        // stalled node is passed over, not waited for.
+        let asks = candidates.into_iter().map(|candidate| {
+            Box::pin(async move {
+                let mut connection = self.node(&candidate)?;
+                let reply = within(
+                    self.deadline,
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query_async::<Value>(&mut connection),
+                )
+                .await?;
+                let host = candidate.rsplit_once(':').map_or("", |(host, _)| host);
+                match parse_cluster_slots(&reply, host) {
+                    Some(ranges) if !ranges.is_empty() => Ok(ranges),
+                    _ => Err(RedisError::from((
                         redis::ErrorKind::Client,
                         "unexpected reply to CLUSTER SLOTS",
                         candidate,
-                    )))
+                    ))),
                 }
-                Err(error) => last_error = Some(error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| {
-            (
+            })
+        });
+        let asks: Vec<_> = asks.collect();
+        if asks.is_empty() {
+            return Err((
                 redis::ErrorKind::Client,
                 "no Redis Cluster node to ask for the slot map",
             )
-                .into()
-        }))
+                .into());
+        }
+        let (ranges, _) = futures_util::future::select_ok(asks).await?;
+        // Connections of nodes that serve no slot any more end.
+        self.nodes()
+            .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
+        let table = Arc::new(self.build(ranges)?);
+        self.table.store(Some(Arc::clone(&table)));
+        Ok(table)
     }
 
     /// The table of `ranges`: each slot's primary's connection.
@@ -243,9 +259,29 @@ impl Router {
     ) -> RedisResult<Vec<Value>> {
         let slot = slot.or_else(|| pipeline.cmd_iter().find_map(key_slot));
         let mut connection = self.primary(slot).await?;
-        let values = connection
+        let mut values = connection
             .req_packed_commands(pipeline, offset, count)
             .await;
+        let ask = values.as_ref().ok().and_then(|values| {
+            values.iter().find_map(|value| match value {
+                Value::ServerError(error) => asked(&RedisError::from(error.clone())),
+                _ => None,
+            })
+        });
+        if let Some((address, _)) = ask {
+            // A slot being migrated, a key already moved: the pipeline once
+            // more, to the importing node, each command announced by
+            // ASKING (its replies dropped).
+            let mut asking = redis::pipe();
+            for cmd in pipeline.cmd_iter() {
+                asking.cmd("ASKING").add_command(cmd.clone());
+            }
+            values = self
+                .node(&address)?
+                .req_packed_commands(&asking, 2 * offset, 2 * count)
+                .await
+                .map(|values| values.into_iter().skip(1).step_by(2).collect());
+        }
         match &values {
             Ok(values) => values.iter().for_each(|value| {
                 if let Value::ServerError(error) = value {

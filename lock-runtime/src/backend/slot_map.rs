@@ -16,8 +16,12 @@ pub(crate) fn primary_of(ranges: &Ranges, slot: u16) -> Option<&str> {
 }
 
 /// Decodes a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...],
-/// replicas...], ...]`. `None` if it is not one.
-pub(crate) fn parse_cluster_slots(reply: &Value) -> Option<Ranges> {
+/// replicas...], ...]`, as the node at `asked` (its host) answered it: an
+/// empty host (a node that never learnt its own address, as a one-node
+/// cluster), a null one (`cluster-preferred-endpoint-type
+/// unknown-endpoint`: "the address you asked") or `?` (hostname mode, no
+/// hostname set) mean that host. `None` if it is not such a reply.
+pub(crate) fn parse_cluster_slots(reply: &Value, asked: &str) -> Option<Ranges> {
     let Value::Array(ranges) = reply else {
         return None;
     };
@@ -37,7 +41,13 @@ pub(crate) fn parse_cluster_slots(reply: &Value) -> Option<Ranges> {
         let host = match primary.first()? {
             Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
             Value::SimpleString(host) => host.clone(),
+            Value::Nil => String::new(),
             _ => return None,
+        };
+        let host = if host.is_empty() || host == "?" {
+            asked.to_owned()
+        } else {
+            host
         };
         let port = int(primary.get(1))?;
         parsed.push((start, end, format!("{host}:{port}")));
@@ -69,13 +79,29 @@ mod tests {
             range(0, 5460, 7000),
             range(5461, 10922, 7001),
         ]);
-        let ranges = parse_cluster_slots(&reply).unwrap();
+        let ranges = parse_cluster_slots(&reply, "10.0.0.1").unwrap();
         assert_eq!(primary_of(&ranges, 0), Some("127.0.0.1:7000"));
         assert_eq!(primary_of(&ranges, 5461), Some("127.0.0.1:7001"));
         assert_eq!(primary_of(&ranges, 16383), Some("127.0.0.1:7002"));
-        let partial = parse_cluster_slots(&Value::Array(vec![range(100, 200, 7000)])).unwrap();
+        let partial =
+            parse_cluster_slots(&Value::Array(vec![range(100, 200, 7000)]), "10.0.0.1").unwrap();
         assert_eq!(primary_of(&partial, 99), None);
         assert_eq!(primary_of(&partial, 201), None);
-        assert!(parse_cluster_slots(&Value::Int(1)).is_none());
+        assert!(parse_cluster_slots(&Value::Int(1), "10.0.0.1").is_none());
+        // A node that does not know its own address: the host asked.
+        let unknown = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![Value::BulkString(Vec::new()), Value::Int(7000)]),
+        ])]);
+        let ranges = parse_cluster_slots(&unknown, "10.0.0.1").unwrap();
+        assert_eq!(primary_of(&ranges, 5), Some("10.0.0.1:7000"));
+        let null = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![Value::Nil, Value::Int(7001)]),
+        ])]);
+        let ranges = parse_cluster_slots(&null, "10.0.0.1").unwrap();
+        assert_eq!(primary_of(&ranges, 5), Some("10.0.0.1:7001"));
     }
 }
