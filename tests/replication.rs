@@ -127,9 +127,8 @@ async fn a_renewal_replicas_do_not_confirm_counts_as_failed_until_the_lock_is_lo
 
 /// Acknowledged mode: `NotReplicated` means "the primary took the lock,
 /// fewer replicas confirmed it, it was given back". A busy lock (nothing
-/// written) with a lagging replica is reported as exactly that, not as
-/// `Busy`: the `WAIT` after a `SET NX` that set nothing is checked like
-/// the one after a write. A waiting acquire gives up at once the same way.
+/// written) with a lagging replica is `Busy`, and a waiting acquire keeps
+/// waiting until its wait runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
     let (primary, replica) = primary_with_replica();
@@ -164,14 +163,11 @@ async fn an_acknowledged_try_of_a_busy_lock_is_busy_not_unreplicated() {
     );
 }
 
-/// Acknowledged mode: each call is documented to wait at most the
-/// acknowledged timeout for its `WAIT`. But `WAIT` blocks the server-side
-/// client, and every call of a client shares one multiplexed connection:
-/// with a replica not answering, concurrent acquisitions' `WAIT`s run one
-/// after the other, so the n-th waits n timeouts; past the call deadline
-/// they fail as Redis timeouts (outcome unknown, connection replaced)
-/// instead of `NotReplicated`, and every other call of the client (releases,
-/// renewals of other locks) queues behind them.
+/// Acknowledged mode: each call waits at most the acknowledged timeout for
+/// its `WAIT`, which blocks the connection it is sent on: concurrent
+/// acquisitions with a replica not answering each fail as `NotReplicated`
+/// within a few timeouts, not one after the other (each borrows a
+/// connection of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
     let (primary, replica) = primary_with_replica();
