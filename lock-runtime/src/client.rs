@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
 
-use crate::backend::{Ack, RedisBackend, Target as CallTarget};
+use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -27,6 +27,9 @@ pub struct Config {
     /// A Redis Cluster's seed nodes (the first is `url`); empty for one
     /// server.
     cluster: Vec<String>,
+    /// A quorum's (RedLock's) independent masters (the first is `url`);
+    /// empty otherwise.
+    quorum: Vec<String>,
     connect_timeout: Duration,
     response_timeout: Duration,
     key_prefix: String,
@@ -52,12 +55,16 @@ impl Config {
     /// form also works in `REDIS_URL` and [`init`].
     pub fn new(url: impl Into<String>) -> Self {
         let url = url.into();
-        if let Some(seeds) = cluster_seeds(&url) {
+        if let Some(seeds) = several_urls(&url, "cluster") {
             return Config::cluster(seeds);
+        }
+        if let Some(nodes) = several_urls(&url, "quorum") {
+            return Config::quorum(nodes);
         }
         Config {
             url,
             cluster: Vec::new(),
+            quorum: Vec::new(),
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
@@ -80,6 +87,31 @@ impl Config {
             cluster: seeds.clone(),
             ..Config::new(seeds.first().cloned().unwrap_or_default())
         }
+    }
+
+    /// A configuration for a quorum of independent Redis masters (RedLock,
+    /// docs/design.md §13): a lock is held when a majority of them granted
+    /// it within its validity. An odd number, at least 3 (checked by
+    /// [`Client::new`]); URLs as for [`Config::new`]. The URL form
+    /// `redis-quorum://[user:password@]host1:port1,host2:port2,host3:port3`
+    /// (`rediss-quorum://` for TLS) works in [`Config::new`], `REDIS_URL`
+    /// and [`init`]. Exclusive locks only (with `fencing`, `renew`,
+    /// `wait`, ...); no in-process hand-off between tasks.
+    pub fn quorum<I, S>(nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(Into::into).collect();
+        Config {
+            quorum: nodes.clone(),
+            ..Config::new(nodes.first().cloned().unwrap_or_default())
+        }
+    }
+
+    /// Whether this names a quorum of independent masters ([`Config::quorum`]).
+    pub fn is_quorum(&self) -> bool {
+        !self.quorum.is_empty()
     }
 
     /// Whether this names a Redis Cluster ([`Config::cluster`]).
@@ -146,6 +178,10 @@ impl Config {
             let seeds: Vec<String> = self.cluster.iter().map(|url| redact_url(url)).collect();
             return format!("cluster [{}]", seeds.join(", "));
         }
+        if self.is_quorum() {
+            let nodes: Vec<String> = self.quorum.iter().map(|url| redact_url(url)).collect();
+            return format!("quorum [{}]", nodes.join(", "));
+        }
         redact_url(&self.url)
     }
 
@@ -153,6 +189,8 @@ impl Config {
     fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
         if self.is_cluster() {
             self.cluster.iter().map(|url| parse_url(url)).collect()
+        } else if self.is_quorum() {
+            self.quorum.iter().map(|url| parse_url(url)).collect()
         } else {
             Ok(vec![parse_url(&self.url)?])
         }
@@ -170,6 +208,19 @@ impl Config {
                     "{what} of {timeout:?} is out of range: give it from 1 ms to an hour"
                 )));
             }
+        }
+        if self.is_quorum() && (self.quorum.len() < 3 || self.quorum.len() % 2 == 0) {
+            return Err(LockError::config(format!(
+                "a quorum of {} node(s): give an odd number, at least 3 (an even number adds a \
+                 node without adding a failure it survives)",
+                self.quorum.len()
+            )));
+        }
+        if self.is_quorum() && self.acknowledged.is_some() {
+            return Err(LockError::config(
+                "acknowledged mode waits for replicas; a quorum's nodes are independent masters \
+                 (a majority already confirms each acquisition): drop `acknowledged`",
+            ));
         }
         if let Some((replicas, timeout)) = self.acknowledged {
             if replicas == 0 {
@@ -263,32 +314,39 @@ impl Client {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(200));
-        let target = if config.is_cluster() {
-            // No retries inside the cluster client: `Connection::call`
-            // retries (redirections too), knowing a retry for one.
-            CallTarget::Cluster(
-                seeds
-                    .iter()
-                    .map(|seed| seed.get_connection_info().clone())
-                    .collect(),
-                manager_config,
-                call_deadline(&config),
-            )
-        } else {
-            CallTarget::Node(Box::new(seeds[0].clone()), manager_config)
-        };
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,
             timeout_ms: timeout.as_millis() as u64,
         });
-        let backend =
+        let set_up = |target: CallTarget| {
             RedisBackend::new(target, call_deadline(&config), acknowledged).map_err(|error| {
                 LockError::config(format!(
                     "cannot set up the Redis client for `{}`: {}",
                     config.redacted_url(),
                     error.kind_description()
                 ))
-            })?;
+            })
+        };
+        let backend: Arc<dyn Backend> = if config.is_cluster() {
+            // Calls go to each primary through the router; nothing below
+            // `Connection::call` retries (it knows a retry for one).
+            Arc::new(set_up(CallTarget::Cluster(
+                seeds
+                    .iter()
+                    .map(|seed| seed.get_connection_info().clone())
+                    .collect(),
+                manager_config,
+                call_deadline(&config),
+            ))?)
+        } else if config.is_quorum() {
+            let nodes = seeds
+                .iter()
+                .map(|node| set_up(CallTarget::Node(Box::new(node.clone()), manager_config.clone())))
+                .collect::<Result<Vec<_>, _>>()?;
+            Arc::new(QuorumBackend::new(nodes, call_deadline(&config)))
+        } else {
+            Arc::new(set_up(CallTarget::Node(Box::new(seeds[0].clone()), manager_config))?)
+        };
         let transport = if config.is_cluster() {
             Transport::Cluster {
                 seeds: seeds
@@ -301,7 +359,7 @@ impl Client {
             Transport::Node(seeds)
         };
         let notifier = Notifier::new(transport, call_deadline(&config))?;
-        let core = Core::new(Arc::new(backend), notifier, config.key_prefix.clone());
+        let core = Core::new(backend, notifier, config.key_prefix.clone());
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),
         })
@@ -455,11 +513,14 @@ fn parse_url(url: &str) -> Result<redis::Client, LockError> {
 /// The seed node URLs of a `redis-cluster://` (or `rediss-cluster://`) URL:
 /// `redis-cluster://user:pw@h1:p1,h2:p2` gives `redis://user:pw@h1:p1`
 /// and `redis://user:pw@h2:p2`. `None` for any other URL.
-fn cluster_seeds(url: &str) -> Option<Vec<String>> {
+/// The node URLs of a `redis-<kind>://` / `rediss-<kind>://` URL (`kind`:
+/// `cluster` or `quorum`) naming several hosts.
+fn several_urls(url: &str, kind: &str) -> Option<Vec<String>> {
     let (scheme, rest) = url.split_once("://")?;
-    let scheme = match scheme.to_ascii_lowercase().as_str() {
-        "redis-cluster" => "redis",
-        "rediss-cluster" => "rediss",
+    let scheme = scheme.to_ascii_lowercase();
+    let scheme = match scheme.strip_suffix(kind)?.strip_suffix('-')? {
+        "redis" => "redis",
+        "rediss" => "rediss",
         _ => return None,
     };
     let rest = rest.split(['/', '?']).next().unwrap_or_default();

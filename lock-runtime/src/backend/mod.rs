@@ -12,6 +12,7 @@
 mod ack_pool;
 mod connection;
 mod notify;
+mod quorum;
 mod redis_backend;
 mod router;
 mod scripts;
@@ -28,6 +29,7 @@ use crate::keys::LockKeys;
 
 pub(crate) use connection::{retryable, Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
+pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
@@ -76,6 +78,7 @@ impl Kind {
 }
 
 /// One attempt to take a lock.
+#[derive(Clone, Copy)]
 pub(crate) struct AcquireRequest<'a> {
     pub(crate) kind: Kind,
     pub(crate) keys: &'a LockKeys,
@@ -212,10 +215,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// The longest one call may take, its retries included.
     fn call_deadline(&self) -> Duration;
 
-    /// Whether acquisitions and renewals wait for replicas to confirm
-    /// them (acknowledged mode): then no lock is passed between tasks of a
-    /// process without Redis.
-    fn acknowledged(&self) -> bool {
-        false
+    /// Whether a lock may be passed between tasks of a process (`pass`,
+    /// in-process cohorts). Not in acknowledged mode (each holder's
+    /// acquisition is confirmed by replicas) nor over a quorum (each
+    /// holder's by a majority).
+    fn passes_in_process(&self) -> bool {
+        true
     }
 }

@@ -15,7 +15,9 @@ use redis::{Cmd, Value};
 
 use super::ack_pool::{AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
-use super::scripts::{evalsha, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
+use super::scripts::{
+    evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
+};
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -88,6 +90,24 @@ impl RedisBackend {
         let borrowed = self.ack_pool.as_ref().and_then(AckPool::borrow);
         let link = borrowed.as_ref().map_or(link, Borrowed::link);
         (Link::Acked(Box::new(link), ack), borrowed)
+    }
+
+    /// Makes the lock's last fencing token at least `token` (a quorum's
+    /// write-back, `lua/fence_raise.lua`).
+    pub(crate) async fn raise_fence(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        retention_ms: u64,
+    ) -> Result<(), LockError> {
+        let mut cmd = evalsha(&FENCE_RAISE, 1, 2, keys.lock.len() + 48);
+        cmd.arg(keys.fence()).arg(token).arg(retention_ms);
+        let (cmd, scripts) = (&cmd, self.connection.scripts());
+        self.call(keys.name(), "fencing write-back", |mut connection, _| async move {
+            run::<i64>(&FENCE_RAISE, cmd, &mut connection, scripts).await
+        })
+        .await
+        .map(|_| ())
     }
 
     /// One acquire, as the request asks (see [`Backend::acquire`]).
@@ -269,8 +289,8 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn acknowledged(&self) -> bool {
-        self.ack.is_some()
+    fn passes_in_process(&self) -> bool {
+        self.ack.is_none()
     }
 
     fn partition<'a>(&'a self, items: &'a [RenewItem<'a>]) -> BoxFuture<'a, Vec<Vec<usize>>> {

@@ -151,6 +151,10 @@ const ANY_SLOT: &str = concat!(
 pub(crate) static RENEW_ANY_SLOT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[ANY_SLOT, include_str!("lua/renew.lua")].concat(), 8192));
 
+/// `lua/fence_raise.lua`: a quorum's write-back of a fencing token.
+pub(crate) static FENCE_RAISE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/fence_raise.lua"), 32768));
+
 /// `lua/handoff.lua`: pass a held lock to the next task of the process.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/handoff.lua"), 32));

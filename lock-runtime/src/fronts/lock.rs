@@ -236,11 +236,11 @@ impl Lock {
         // Tasks of one client waiting for one key queue in the process
         // behind one of them (`cohort.rs`); `fair` locks, and the kinds
         // other than the exclusive lock, queue in Redis only.
-        // Nor do locks in acknowledged mode: each holder's acquisition is
-        // confirmed by replicas.
+        // Nor do locks whose backend passes none in the process
+        // (acknowledged mode, a quorum).
         let cohorts = (!self.fair
             && self.kind == Kind::Exclusive
-            && !acquisition.core.backend().acknowledged())
+            && acquisition.core.backend().passes_in_process())
         .then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
         if !respect && !self.fencing && !in_cohort {

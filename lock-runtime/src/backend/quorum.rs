@@ -1,0 +1,307 @@
+//! RedLock (seed 003): one lock over N independent Redis masters, held when
+//! a majority granted it within its validity; with a fencing token that
+//! every later majority sees.
+//!
+//! Each node is a [`RedisBackend`] on its own server; every call goes to all
+//! N at once, each with its own short timeout, and counts the answers:
+//!
+//! - **Acquire**: the same token to every node (a plain `SET NX PX`, or the
+//!   acquire script with a fencing token). Held when at least N/2+1 granted
+//!   it and the validity left (ttl - elapsed - drift, from the start of this
+//!   attempt: the hold's own clock, §5) is positive. Otherwise it is given
+//!   back on every node, those that failed or did not answer included
+//!   (their outcome is unknown).
+//! - **Fencing**: each granting node hands out its own next token (the
+//!   server clock in µs, or its last + 1); the acquisition's token is the
+//!   highest of them, written back (`fence_raise.lua`) to every node, and
+//!   the acquisition holds only once a majority has it. Any later majority
+//!   shares a node with that one, whose next token is larger.
+//! - **Renewal**: counts for a lock only if a majority extended it; a lock a
+//!   majority no longer holds is lost; anything in between (nodes that did
+//!   not answer) is a failed renewal, tried again while the lock is valid.
+//!   A node that lost the key (restarted without data) does not get it back:
+//!   a renewal extends, it never re-creates.
+//! - **Release**: on every node; reported as lost if a majority no longer
+//!   held it.
+//! - **Waiting**: no queue in Redis; waiters try again after a random pause
+//!   (20-120 ms), so they do not all come at once.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{join_all, BoxFuture};
+
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
+use super::RedisBackend;
+use crate::error::LockError;
+use crate::keys::LockKeys;
+
+pub(crate) struct QuorumBackend {
+    nodes: Vec<RedisBackend>,
+    deadline: Duration,
+}
+
+/// The pause range between a waiter's attempts, in ms.
+const RETRY_JITTER_MS: (u64, u64) = (20, 120);
+
+impl QuorumBackend {
+    pub(crate) fn new(nodes: Vec<RedisBackend>, deadline: Duration) -> QuorumBackend {
+        QuorumBackend { nodes, deadline }
+    }
+
+    /// N/2 + 1.
+    fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// Each node's answer to `call`, `None` for one that did not answer
+    /// within `timeout`; all nodes at once.
+    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, call: F) -> Vec<Option<Result<T, LockError>>>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T, LockError>> + 'a,
+    {
+        join_all(
+            self.nodes
+                .iter()
+                .map(|node| async { tokio::time::timeout(timeout, call(node)).await.ok() }),
+        )
+        .await
+    }
+
+    /// Gives the lock `token` back on every node (best effort).
+    async fn give_back(&self, keys: &LockKeys, token: &str) {
+        self.on_all(self.deadline, |node| node.release(Kind::Exclusive, keys, token, 0))
+            .await;
+    }
+}
+
+/// How long one node may take to answer an acquisition: a small fraction
+/// of the ttl (a slow node must not eat the validity), within the call
+/// deadline.
+fn node_timeout(ttl_ms: u64, deadline: Duration) -> Duration {
+    Duration::from_millis(ttl_ms / 10)
+        .clamp(Duration::from_millis(5), Duration::from_millis(500))
+        .min(deadline)
+}
+
+/// The time a lock's validity is cut by for clock drift between the
+/// client and the nodes: 1 % of the ttl + 2 ms (seed 003).
+fn drift(ttl_ms: u64) -> Duration {
+    Duration::from_millis(ttl_ms / 100 + 2)
+}
+
+/// A pause for a waiter's next attempt, in the jitter range.
+fn jitter() -> Duration {
+    let mut byte = [0u8; 1];
+    let _ = getrandom::fill(&mut byte);
+    let (low, high) = RETRY_JITTER_MS;
+    Duration::from_millis(low + u64::from(byte[0]) * (high - low) / 255)
+}
+
+/// The error of a majority that did not answer.
+fn no_majority(keys: &LockKeys, operation: &'static str, answered: usize, quorum: usize) -> LockError {
+    LockError::redis(
+        keys.name(),
+        operation,
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("only {answered} node(s) answered; a majority of {quorum} is needed"),
+        )
+        .into(),
+    )
+}
+
+impl Backend for QuorumBackend {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, LockError>> {
+        Box::pin(async move {
+            if request.kind != Kind::Exclusive {
+                return Err(LockError::config(format!(
+                    "lock `{}`: read/write locks and semaphores are not available over a quorum \
+                     (RedLock) yet; use an exclusive lock",
+                    request.keys.name()
+                )));
+            }
+            let started = Instant::now();
+            // No queue over a quorum: waiters retry after a random pause.
+            let node_request = AcquireRequest {
+                join: false,
+                respect: false,
+                ..request
+            };
+            let timeout = node_timeout(request.ttl_ms, self.deadline);
+            let answers = self
+                .on_all(timeout, |node| node.acquire(node_request))
+                .await;
+            let mut granted = 0;
+            let mut busy = false;
+            let mut fence: Option<u64> = None;
+            let mut error = None;
+            for answer in answers.into_iter().flatten() {
+                match answer {
+                    Ok(Acquire::Acquired { fence: node_fence, .. }) => {
+                        granted += 1;
+                        fence = fence.max(node_fence);
+                    }
+                    Ok(Acquire::Busy { .. }) => busy = true,
+                    Err(node_error) => error = Some(node_error),
+                }
+            }
+            let ttl = Duration::from_millis(request.ttl_ms);
+            let valid = |started: Instant| started.elapsed() + drift(request.ttl_ms) < ttl;
+            if granted >= self.quorum() && valid(started) {
+                let Some(token) = fence else {
+                    return Ok(Acquire::Acquired { fence: None, found: None });
+                };
+                // The write-back: a majority must have the token before it
+                // is handed out.
+                let retention_ms = request.fence_retention_ms.unwrap_or(request.ttl_ms);
+                let raised = self
+                    .on_all(timeout, |node| node.raise_fence(request.keys, token, retention_ms))
+                    .await
+                    .into_iter()
+                    .filter(|answer| matches!(answer, Some(Ok(()))))
+                    .count();
+                if raised >= self.quorum() && valid(started) {
+                    return Ok(Acquire::Acquired { fence: Some(token), found: None });
+                }
+            }
+            // Not held: given back everywhere, the nodes that did not
+            // answer included.
+            self.give_back(request.keys, request.token).await;
+            match error {
+                Some(error) if !busy => Err(error),
+                _ => Ok(Acquire::Busy {
+                    expires_in: Some(jitter()),
+                }),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        kind: Kind,
+        keys: &'a LockKeys,
+        token: &'a str,
+        keep_ms: u64,
+    ) -> BoxFuture<'a, Result<Release, LockError>> {
+        Box::pin(async move {
+            let sent_at = Instant::now();
+            let answers = self
+                .on_all(self.deadline, |node| node.release(kind, keys, token, keep_ms))
+                .await;
+            let (mut mine, mut other, mut answered) = (0, false, 0);
+            let mut retried = false;
+            for answer in answers.into_iter().flatten() {
+                match answer {
+                    Ok(release) => {
+                        answered += 1;
+                        retried |= release.retried;
+                        match release.found {
+                            Found::Mine => mine += 1,
+                            Found::Other => other = true,
+                            Found::Gone => {}
+                        }
+                    }
+                    Err(_) => {}
+                }
+            }
+            let found = if mine >= self.quorum() {
+                Found::Mine
+            } else if answered < self.quorum() && mine + (self.nodes.len() - answered) >= self.quorum() {
+                // Too few answers to say it was lost.
+                return Err(no_majority(keys, "release", answered, self.quorum()));
+            } else if other {
+                Found::Other
+            } else {
+                Found::Gone
+            };
+            Ok(Release {
+                found,
+                woke: false,
+                retried,
+                sent_at,
+            })
+        })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        _kind: Kind,
+        _keys: &'a LockKeys,
+        _member: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        // No queue over a quorum.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn pass<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        _token: &'a str,
+        _next: &'a str,
+        _ttl_ms: u64,
+        _fence_retention_ms: Option<u64>,
+    ) -> BoxFuture<'a, Result<Pass, LockError>> {
+        // Never asked: `passes_in_process` is false.
+        Box::pin(async move {
+            Err(LockError::config(format!(
+                "lock `{}`: no in-process hand-off over a quorum",
+                keys.name()
+            )))
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+        round_trips: &'a AtomicU64,
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
+        Box::pin(async move {
+            let answers = join_all(self.nodes.iter().map(|node| async {
+                tokio::time::timeout(self.deadline, node.renew(items, round_trips))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }))
+            .await;
+            let answered: Vec<Vec<Found>> = answers.into_iter().flatten().collect();
+            let silent = self.nodes.len() - answered.len();
+            let mut found = Vec::with_capacity(items.len());
+            for i in 0..items.len() {
+                let mine = answered.iter().filter(|codes| codes[i] == Found::Mine).count();
+                let other = answered.iter().any(|codes| codes[i] == Found::Other);
+                if mine >= self.quorum() {
+                    found.push(Found::Mine);
+                } else if mine + silent >= self.quorum() {
+                    // The nodes that did not answer could still make it a
+                    // majority: not a loss yet, a failed renewal.
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "renewal confirmed by {mine} node(s), {silent} did not answer; \
+                             a majority of {} is needed",
+                            self.quorum()
+                        ),
+                    )
+                    .into());
+                } else {
+                    found.push(if other { Found::Other } else { Found::Gone });
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn call_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    fn passes_in_process(&self) -> bool {
+        false
+    }
+}
