@@ -209,7 +209,7 @@ impl Config {
                 )));
             }
         }
-        if self.is_quorum() && (self.quorum.len() < 3 || self.quorum.len() % 2 == 0) {
+        if self.is_quorum() && (self.quorum.len() < 3 || self.quorum.len().is_multiple_of(2)) {
             return Err(LockError::config(format!(
                 "a quorum of {} node(s): give an odd number, at least 3 (an even number adds a \
                  node without adding a failure it survives)",
@@ -341,11 +341,19 @@ impl Client {
         } else if config.is_quorum() {
             let nodes = seeds
                 .iter()
-                .map(|node| set_up(CallTarget::Node(Box::new(node.clone()), manager_config.clone())))
+                .map(|node| {
+                    set_up(CallTarget::Node(
+                        Box::new(node.clone()),
+                        manager_config.clone(),
+                    ))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             Arc::new(QuorumBackend::new(nodes, call_deadline(&config)))
         } else {
-            Arc::new(set_up(CallTarget::Node(Box::new(seeds[0].clone()), manager_config))?)
+            Arc::new(set_up(CallTarget::Node(
+                Box::new(seeds[0].clone()),
+                manager_config,
+            ))?)
         };
         let transport = if config.is_cluster() {
             Transport::Cluster {

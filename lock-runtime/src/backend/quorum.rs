@@ -10,7 +10,9 @@
 //!   it and the validity left (ttl - elapsed - drift, from the start of this
 //!   attempt: the hold's own clock, §5) is positive. Otherwise it is given
 //!   back on every node, those that failed or did not answer included
-//!   (their outcome is unknown).
+//!   (their outcome is unknown). Each attempt writes its own value (the
+//!   holder's token, then `|q<random>`), so that a give-back arriving late
+//!   never deletes a later attempt's grant.
 //! - **Fencing**: each granting node hands out its own next token (the
 //!   server clock in µs, or its last + 1); the acquisition's token is the
 //!   highest of them, written back (`fence_raise.lua`) to every node, and
@@ -31,9 +33,10 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use futures_util::future::{join_all, BoxFuture};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use super::RedisBackend;
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
@@ -57,7 +60,11 @@ impl QuorumBackend {
 
     /// Each node's answer to `call`, `None` for one that did not answer
     /// within `timeout`; all nodes at once.
-    async fn on_all<'a, T, F, Fut>(&'a self, timeout: Duration, call: F) -> Vec<Option<Result<T, LockError>>>
+    async fn on_all<'a, T, F, Fut>(
+        &'a self,
+        timeout: Duration,
+        call: F,
+    ) -> Vec<Option<Result<T, LockError>>>
     where
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: Future<Output = Result<T, LockError>> + 'a,
@@ -70,10 +77,14 @@ impl QuorumBackend {
         .await
     }
 
-    /// Gives the lock `token` back on every node (best effort).
-    async fn give_back(&self, keys: &LockKeys, token: &str) {
-        self.on_all(self.deadline, |node| node.release(Kind::Exclusive, keys, token, 0))
-            .await;
+    /// Gives the attempt's value back on every node, waiting for the
+    /// answers at most `timeout`: a node that does not answer by then
+    /// still gets the release (it is sent), and runs it when it can.
+    async fn give_back(&self, keys: &LockKeys, value: &str, timeout: Duration) {
+        self.on_all(timeout, |node| {
+            node.release(Kind::Exclusive, keys, value, 0)
+        })
+        .await;
     }
 }
 
@@ -92,6 +103,13 @@ fn drift(ttl_ms: u64) -> Duration {
     Duration::from_millis(ttl_ms / 100 + 2)
 }
 
+/// A random mark of one attempt (8 hex digits).
+fn attempt_mark() -> String {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    format!("{:08x}", u32::from_be_bytes(bytes))
+}
+
 /// A pause for a waiter's next attempt, in the jitter range.
 fn jitter() -> Duration {
     let mut byte = [0u8; 1];
@@ -101,7 +119,12 @@ fn jitter() -> Duration {
 }
 
 /// The error of a majority that did not answer.
-fn no_majority(keys: &LockKeys, operation: &'static str, answered: usize, quorum: usize) -> LockError {
+fn no_majority(
+    keys: &LockKeys,
+    operation: &'static str,
+    answered: usize,
+    quorum: usize,
+) -> LockError {
     LockError::redis(
         keys.name(),
         operation,
@@ -127,8 +150,17 @@ impl Backend for QuorumBackend {
                 )));
             }
             let started = Instant::now();
+            // The value this attempt writes: the holder's token and a mark
+            // of this attempt. Release and renewal match the holder's token
+            // as a prefix (as they match it before a wake mark), the
+            // give-back of a failed attempt only its own value: a give-back
+            // that reaches a node late (queued on a connection that was
+            // replaced, a node that was stalled) cannot delete a later
+            // attempt's grant of the same holder.
+            let attempt = format!("{}|q{}", request.token, attempt_mark());
             // No queue over a quorum: waiters retry after a random pause.
             let node_request = AcquireRequest {
+                token: &attempt,
                 join: false,
                 respect: false,
                 ..request
@@ -143,7 +175,9 @@ impl Backend for QuorumBackend {
             let mut error = None;
             for answer in answers.into_iter().flatten() {
                 match answer {
-                    Ok(Acquire::Acquired { fence: node_fence, .. }) => {
+                    Ok(Acquire::Acquired {
+                        fence: node_fence, ..
+                    }) => {
                         granted += 1;
                         fence = fence.max(node_fence);
                     }
@@ -155,24 +189,32 @@ impl Backend for QuorumBackend {
             let valid = |started: Instant| started.elapsed() + drift(request.ttl_ms) < ttl;
             if granted >= self.quorum() && valid(started) {
                 let Some(token) = fence else {
-                    return Ok(Acquire::Acquired { fence: None, found: None });
+                    return Ok(Acquire::Acquired {
+                        fence: None,
+                        found: None,
+                    });
                 };
                 // The write-back: a majority must have the token before it
                 // is handed out.
                 let retention_ms = request.fence_retention_ms.unwrap_or(request.ttl_ms);
                 let raised = self
-                    .on_all(timeout, |node| node.raise_fence(request.keys, token, retention_ms))
+                    .on_all(timeout, |node| {
+                        node.raise_fence(request.keys, token, retention_ms)
+                    })
                     .await
                     .into_iter()
                     .filter(|answer| matches!(answer, Some(Ok(()))))
                     .count();
                 if raised >= self.quorum() && valid(started) {
-                    return Ok(Acquire::Acquired { fence: Some(token), found: None });
+                    return Ok(Acquire::Acquired {
+                        fence: Some(token),
+                        found: None,
+                    });
                 }
             }
             // Not held: given back everywhere, the nodes that did not
             // answer included.
-            self.give_back(request.keys, request.token).await;
+            self.give_back(request.keys, &attempt, timeout).await;
             match error {
                 Some(error) if !busy => Err(error),
                 _ => Ok(Acquire::Busy {
@@ -192,27 +234,26 @@ impl Backend for QuorumBackend {
         Box::pin(async move {
             let sent_at = Instant::now();
             let answers = self
-                .on_all(self.deadline, |node| node.release(kind, keys, token, keep_ms))
+                .on_all(self.deadline, |node| {
+                    node.release(kind, keys, token, keep_ms)
+                })
                 .await;
             let (mut mine, mut other, mut answered) = (0, false, 0);
             let mut retried = false;
-            for answer in answers.into_iter().flatten() {
-                match answer {
-                    Ok(release) => {
-                        answered += 1;
-                        retried |= release.retried;
-                        match release.found {
-                            Found::Mine => mine += 1,
-                            Found::Other => other = true,
-                            Found::Gone => {}
-                        }
-                    }
-                    Err(_) => {}
+            for release in answers.into_iter().flatten().flatten() {
+                answered += 1;
+                retried |= release.retried;
+                match release.found {
+                    Found::Mine => mine += 1,
+                    Found::Other => other = true,
+                    Found::Gone => {}
                 }
             }
             let found = if mine >= self.quorum() {
                 Found::Mine
-            } else if answered < self.quorum() && mine + (self.nodes.len() - answered) >= self.quorum() {
+            } else if answered < self.quorum()
+                && mine + (self.nodes.len() - answered) >= self.quorum()
+            {
                 // Too few answers to say it was lost.
                 return Err(no_majority(keys, "release", answered, self.quorum()));
             } else if other {
@@ -262,35 +303,67 @@ impl Backend for QuorumBackend {
         round_trips: &'a AtomicU64,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
         Box::pin(async move {
-            let answers = join_all(self.nodes.iter().map(|node| async {
-                tokio::time::timeout(self.deadline, node.renew(items, round_trips))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-            }))
-            .await;
-            let answered: Vec<Vec<Found>> = answers.into_iter().flatten().collect();
-            let silent = self.nodes.len() - answered.len();
+            // Settled as soon as every lock is decided by the answers so
+            // far (a majority extended it, or can no longer), not after the
+            // slowest node.
+            let mut pending: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .map(|node| async {
+                    tokio::time::timeout(self.deadline, node.renew(items, round_trips))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                })
+                .collect();
+            let (quorum, nodes) = (self.quorum(), self.nodes.len());
+            // Per lock: nodes that extended it, nodes that answered it was
+            // not there (or another's); and the nodes yet to answer.
+            let mut mine = vec![0usize; items.len()];
+            let mut not = vec![0usize; items.len()];
+            let mut other = vec![false; items.len()];
+            let mut silent = nodes;
+            while let Some(answer) = pending.next().await {
+                silent -= 1;
+                // A node that failed to answer counts as neither.
+                for (i, code) in answer.into_iter().flatten().enumerate() {
+                    match code {
+                        Found::Mine => mine[i] += 1,
+                        Found::Other => {
+                            not[i] += 1;
+                            other[i] = true;
+                        }
+                        Found::Gone => not[i] += 1,
+                    }
+                }
+                let decided =
+                    (0..items.len()).all(|i| mine[i] >= quorum || not[i] > nodes - quorum);
+                if decided || silent == 0 {
+                    break;
+                }
+            }
             let mut found = Vec::with_capacity(items.len());
             for i in 0..items.len() {
-                let mine = answered.iter().filter(|codes| codes[i] == Found::Mine).count();
-                let other = answered.iter().any(|codes| codes[i] == Found::Other);
-                if mine >= self.quorum() {
+                if mine[i] >= quorum {
                     found.push(Found::Mine);
-                } else if mine + silent >= self.quorum() {
-                    // The nodes that did not answer could still make it a
-                    // majority: not a loss yet, a failed renewal.
+                } else if not[i] > nodes - quorum {
+                    // A majority no longer holds it: lost.
+                    found.push(if other[i] { Found::Other } else { Found::Gone });
+                } else {
+                    // Nodes that did not answer could have made a majority:
+                    // not a loss yet, a failed renewal (tried again while
+                    // the lock is valid).
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
-                            "renewal confirmed by {mine} node(s), {silent} did not answer; \
-                             a majority of {} is needed",
-                            self.quorum()
+                            "renewal of `{}` confirmed by {} node(s), a majority of {quorum} is \
+                             needed and {} did not answer",
+                            items[i].keys.name(),
+                            mine[i],
+                            nodes - mine[i] - not[i]
                         ),
                     )
                     .into());
-                } else {
-                    found.push(if other { Found::Other } else { Found::Gone });
                 }
             }
             Ok(found)

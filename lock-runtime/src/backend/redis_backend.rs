@@ -103,9 +103,13 @@ impl RedisBackend {
         let mut cmd = evalsha(&FENCE_RAISE, 1, 2, keys.lock.len() + 48);
         cmd.arg(keys.fence()).arg(token).arg(retention_ms);
         let (cmd, scripts) = (&cmd, self.connection.scripts());
-        self.call(keys.name(), "fencing write-back", |mut connection, _| async move {
-            run::<i64>(&FENCE_RAISE, cmd, &mut connection, scripts).await
-        })
+        self.call(
+            keys.name(),
+            "fencing write-back",
+            |mut connection, _| async move {
+                run::<i64>(&FENCE_RAISE, cmd, &mut connection, scripts).await
+            },
+        )
         .await
         .map(|_| ())
     }
