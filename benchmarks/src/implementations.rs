@@ -127,7 +127,7 @@ impl Locker {
                 counter: 0,
             },
             Kind::Rslock | Kind::RslockFast => {
-                let mut manager = rslock::LockManager::new(vec![url.to_owned()]);
+                let mut manager = rslock::LockManager::new(node_urls(url));
                 if kind == Kind::RslockFast {
                     manager.set_retry(3, Duration::from_millis(1));
                 }
@@ -271,4 +271,16 @@ pub(crate) async fn attribute_section<F: std::future::Future<Output = ()>>(
 ) -> Result<(), LockError> {
     body.await;
     Ok(())
+}
+
+/// The node URLs of `url`: each node of a `redis-quorum://h1:p1,h2:p2`
+/// URL (rslock takes them as a list), or `url` itself.
+fn node_urls(url: &str) -> Vec<String> {
+    match url.strip_prefix("redis-quorum://") {
+        Some(hosts) => hosts
+            .split(',')
+            .map(|host| format!("redis://{host}/"))
+            .collect(),
+        None => vec![url.to_owned()],
+    }
 }

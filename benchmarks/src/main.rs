@@ -6,6 +6,7 @@
 //! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]
 //! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
+//! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
 //! ```
 
 mod acknowledged;
@@ -13,6 +14,7 @@ mod cluster;
 mod compare;
 mod implementations;
 mod process_usage;
+mod redlock;
 mod renewal;
 mod target;
 
@@ -25,12 +27,14 @@ fn main() -> ExitCode {
         Some("compare") => compare::main(&args[1..]),
         Some("cluster") => cluster::main(&args[1..]),
         Some("acknowledged") => acknowledged::main(&args[1..]),
+        Some("redlock") => redlock::main(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
                  lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
-                 lock-bench acknowledged [--pairs 5000] [--renewed 1000]"
+                 lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
+                 lock-bench redlock [--pairs 2000] [--sections 500]"
             );
             ExitCode::FAILURE
         }
