@@ -54,15 +54,24 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             .unwrap();
         let started = Instant::now();
         for _ in 0..1000 {
-            let _: String = redis::cmd("PING").query_async(&mut connection).await.unwrap();
+            let _: String = redis::cmd("PING")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
         }
         started.elapsed() / 1000
     });
     println!("## RedLock over 5 local nodes (issue 13): this project beside rslock\n");
-    println!("One PING round trip to one node: {:.0} µs.\n", rtt.as_secs_f64() * 1e6);
+    println!(
+        "One PING round trip to one node: {:.0} µs.\n",
+        rtt.as_secs_f64() * 1e6
+    );
     println!("| workload | implementation | pairs or sections/s | µs per pair (wall) | pair in node round trips | client CPU µs/pair | hand-off p50 / p99 | wait p50 / p99 |");
     println!("|---|---|---:|---:|---:|---:|---|---|");
-    for (kind, name) in [(Kind::Manual, "this project"), (Kind::Rslock, "rslock 0.10")] {
+    for (kind, name) in [
+        (Kind::Manual, "this project"),
+        (Kind::Rslock, "rslock 0.10"),
+    ] {
         let (wall, cpu) = runtime.block_on(sequential(&quorum, kind, pairs));
         let per = wall / pairs as u32;
         println!(
@@ -73,7 +82,10 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             cpu.as_secs_f64() * 1e6 / pairs as f64,
         );
     }
-    for (kind, name) in [(Kind::ManualWait, "this project"), (Kind::Rslock, "rslock 0.10")] {
+    for (kind, name) in [
+        (Kind::ManualWait, "this project"),
+        (Kind::Rslock, "rslock 0.10"),
+    ] {
         let result = runtime.block_on(w3(&quorum, kind, sections, 8, false, true));
         let ms = |duration: Duration| format!("{:.2}", duration.as_secs_f64() * 1e3);
         println!(

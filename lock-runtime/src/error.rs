@@ -135,8 +135,8 @@ pub enum LockError {
 
     /// Redis could not be reached or answered with an error.
     #[error(
-        "Redis {operation} for lock `{key}` failed: {source} (check that Redis is up and \
-         reachable at the configured URL)"
+        "Redis {operation} for lock `{key}` failed: {source} ({})",
+        advice(source)
     )]
     Redis {
         /// The lock's key, as the caller wrote it.
@@ -180,6 +180,17 @@ impl LockError {
             operation,
             source,
         }
+    }
+}
+
+/// What to do about a Redis error.
+fn advice(source: &redis::RedisError) -> &'static str {
+    match source.kind() {
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+            "the Redis user lacks a permission: grant it, see the README's minimal ACL rule"
+        }
+        redis::ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
+        _ => "check that Redis is up and reachable at the configured URL",
     }
 }
 

@@ -1,0 +1,152 @@
+//! ACL: a Redis user allowed only what this library needs (the rule in the
+//! README, "Configuration") runs every primitive; a user missing one
+//! permission gets an error naming it, at once, not a hang.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock, LockError, RwLock, Semaphore};
+
+/// The README's minimal rule for the default `lock:` prefix.
+const RULE: &[&str] = &[
+    "on",
+    ">secret",
+    "resetkeys",
+    "~lock:*",
+    "resetchannels",
+    "&lock-waiters:*",
+    "-@all",
+    "+eval",
+    "+evalsha",
+    "+set",
+    "+get",
+    "+del",
+    "+exists",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+lindex",
+    "+lpop",
+    "+lrange",
+    "+lrem",
+    "+rpush",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+    "+publish",
+    "+spublish",
+    "+subscribe",
+    "+ssubscribe",
+    "+unsubscribe",
+    "+ping",
+    "+hello",
+    "+cluster|slots",
+    "+wait",
+    "+asking",
+];
+
+fn user(server: &RedisServer, name: &str, rule: &[&str]) -> Client {
+    let mut args = vec!["ACL", "SETUSER", name];
+    args.extend_from_slice(rule);
+    let reply = redis(server, &args);
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let url = format!("redis://{name}:secret@127.0.0.1:{}/", server.port());
+    Client::new(Config::new(url)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimal_rule_runs_every_primitive() {
+    let server = RedisServer::start();
+    let (one, other) = (user(&server, "locker", RULE), user(&server, "locker", RULE));
+    // Try, busy, fencing, renew, release.
+    let held = Lock::new("acl")
+        .fencing()
+        .ttl(Duration::from_millis(600))
+        .renew()
+        .client(one.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let busy = Lock::new("acl").client(other.clone()).try_acquire().await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+    // A waiter of another client, woken by the release.
+    let waiter = tokio::spawn({
+        let lock = Lock::new("acl")
+            .wait(Duration::from_secs(10))
+            .client(other.clone());
+        async move { lock.acquire().await }
+    });
+    wait_until_async("the waiter queues", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{acl}:queue"]) == ":1\r\n"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await; // renewed past its ttl
+    assert!(held.is_held());
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    // Read/write lock and semaphore.
+    let rw = RwLock::new("acl").client(one.clone());
+    let read = rw.read().try_acquire().await.unwrap();
+    read.release().await.unwrap();
+    rw.write()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let semaphore = Semaphore::new("acl", 2).client(one.clone());
+    semaphore
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(one.renewal_stats().lost, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_permission_is_named_at_once() {
+    let server = RedisServer::start();
+    let rule: Vec<&str> = RULE
+        .iter()
+        .copied()
+        .filter(|rule| *rule != "+evalsha")
+        .collect();
+    let mut rule = rule;
+    rule.push("-evalsha");
+    let client = user(&server, "lacking", &rule);
+    // The first call of a script is EVAL (allowed); its second is EVALSHA.
+    let started = Instant::now();
+    let mut outcome = Ok(());
+    for _ in 0..3 {
+        match Lock::new("lacking")
+            .fencing()
+            .client(client.clone())
+            .try_acquire()
+            .await
+        {
+            Ok(guard) => guard.release().await.unwrap_or(()),
+            Err(error) => {
+                outcome = Err(error);
+                break;
+            }
+        }
+    }
+    let error = outcome.expect_err("EVALSHA is refused");
+    let message = error.to_string();
+    assert!(
+        message.contains("evalsha") && message.contains("lacks a permission"),
+        "{message}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
