@@ -218,3 +218,256 @@ async fn fencing_tokens_increase_across_different_majorities() {
         "{second_token} after {first_token}: a later majority handed out a smaller token"
     );
 }
+
+/// Every node stopped: nobody holds the lock, no node answered; a try says
+/// Redis did not answer, not that the lock is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_with_every_node_silent_is_an_error_not_busy() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = client(&nodes);
+    // Connections opened first.
+    Lock::new("silent")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for node in &nodes {
+        signal(node, "-STOP");
+    }
+    let taken = Lock::new("silent")
+        .ttl(Duration::from_secs(2))
+        .client(client.clone())
+        .try_acquire()
+        .await;
+    for node in &nodes {
+        signal(node, "-CONT");
+    }
+    assert!(
+        matches!(taken, Err(LockError::Redis { .. })),
+        "no node answered, yet: {taken:?}"
+    );
+}
+
+/// A release reports `Lost` only when a majority no longer held the lock.
+/// Here 1 node of 3 lost the key (deleted, as a restart without data does)
+/// and 1 is stopped: 2 of 3 (the stopped one included) still hold it, so
+/// the release cannot say it was lost (an error: too few answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_does_not_report_lost_when_a_silent_node_could_make_the_majority() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = client(&nodes);
+    let guard = Lock::new("told")
+        .ttl(Duration::from_secs(10))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    for node in &nodes {
+        assert!(value(&redis(node, &["GET", "lock:{told}"])).is_some());
+    }
+    // Node 0 forgets the key; node 2 stops. Nodes 0..2 hold it on 1 and 2.
+    redis(&nodes[0], &["DEL", "lock:{told}"]);
+    signal(&nodes[2], "-STOP");
+    let released = guard.release().await;
+    signal(&nodes[2], "-CONT");
+    assert!(
+        !matches!(released, Err(LockError::Lost { .. })),
+        "1 node said gone, 1 mine, 1 silent (holding it): reported {released:?}"
+    );
+}
+
+/// Two renewed locks of one client, renewed in one batch. With one node of
+/// 3 stopped, lock `a` is extended by the 2 others (a majority) every time;
+/// lock `b` lost its key on one node, so its renewal is undecided: only `b`
+/// is tried again, and `a` stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_lock_does_not_make_a_majority_renewed_lock_lost() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = client(&nodes);
+    let ttl = Duration::from_millis(1500);
+    let a = Lock::new("batch-a")
+        .ttl(ttl)
+        .renew()
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let b = Lock::new("batch-b")
+        .ttl(ttl)
+        .renew()
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    redis(&nodes[0], &["DEL", "lock:{batch-b}"]);
+    signal(&nodes[2], "-STOP");
+    let stopped = Instant::now();
+    while stopped.elapsed() < ttl * 2 && a.is_held() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a_held = a.is_held();
+    // `a` is still on a majority (0 and 1): extended each time.
+    let pttl: Vec<String> = nodes[..2]
+        .iter()
+        .map(|node| redis(node, &["PTTL", "lock:{batch-a}"]))
+        .collect();
+    signal(&nodes[2], "-CONT");
+    let stats = client.renewal_stats();
+    drop(b);
+    assert!(
+        a_held,
+        "`a` lost after {:?} although nodes 0 and 1 hold it (PTTL {pttl:?}); {stats:?}",
+        stopped.elapsed()
+    );
+    a.release().await.unwrap();
+}
+
+/// A minority stopped is a state RedLock is meant to ride out: a waiter for
+/// a busy lock with `wait(200 ms)` gives up about then (an attempt settles
+/// as soon as a majority answered, the give-back runs in the background),
+/// not after the stopped node's per-node timeout, twice, per attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_is_not_overrun_with_a_minority_stopped() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = client(&nodes);
+    let other = self::client(&nodes);
+    let held = Lock::new("overrun")
+        .ttl(Duration::from_secs(10))
+        .client(other)
+        .try_acquire()
+        .await
+        .unwrap();
+    // Connections of the waiter's client opened first.
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    signal(&nodes[2], "-STOP");
+    let started = Instant::now();
+    let waited = Lock::new("overrun")
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_millis(200))
+        .client(client.clone())
+        .acquire()
+        .await;
+    let elapsed = started.elapsed();
+    signal(&nodes[2], "-CONT");
+    drop(held);
+    assert!(
+        matches!(waited, Err(LockError::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    assert!(
+        elapsed < Duration::from_millis(700),
+        "wait(200 ms) returned after {elapsed:?}"
+    );
+}
+
+/// `redis-quorum://h1,h2,h3/3`: the database number is part of each node's
+/// URL (as in `redis://h/3`): the locks go to database 3, not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quorum_url_keeps_the_database_number() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let url = format!("{}/3", quorum_url(&nodes));
+    let client = Client::new(Config::new(url)).unwrap();
+    let guard = Lock::new("db")
+        .ttl(Duration::from_secs(10))
+        .client(client)
+        .try_acquire()
+        .await
+        .unwrap();
+    let in_db = |db: &str| {
+        value(&redis(
+            &nodes[0],
+            &[
+                "EVAL",
+                "redis.call('SELECT', ARGV[1]); return redis.call('EXISTS', KEYS[1])",
+                "1",
+                "lock:{db}",
+                db,
+            ],
+        ))
+    };
+    let (db0, db3) = (in_db("0"), in_db("3"));
+    guard.release().await.unwrap();
+    assert_eq!(
+        (db0.as_deref(), db3.as_deref()),
+        (Some("0"), Some("1")),
+        "the lock key should be in database 3 only"
+    );
+}
+
+/// The same node listed three times would count three times towards a
+/// majority of one server: refused when the client is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_of_one_node_listed_thrice_is_refused_or_works() {
+    let node = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/", node.port());
+    let built = Client::new(Config::quorum([url.clone(), url.clone(), url]));
+    let Ok(client) = built else {
+        return; // refused at configuration: fine
+    };
+    let taken = Lock::new("thrice")
+        .ttl(Duration::from_secs(5))
+        .client(client)
+        .try_acquire()
+        .await;
+    assert!(taken.is_ok(), "a free lock, a valid config: {taken:?}");
+}
+
+/// Warnings and errors seen by a subscriber.
+#[derive(Clone, Default)]
+struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() <= tracing::Level::WARN {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {:?}", event.metadata().level(), event));
+        }
+    }
+}
+
+/// One node of 3 is down for good (connection refused). Every acquire,
+/// renewal and release succeeds on the other two; the node's failures,
+/// not returned, are logged (a warning), so the operator learns the quorum
+/// now survives no further failure.
+/// (A current-thread runtime: every task of the client runs on this thread,
+/// under this test's subscriber.)
+#[tokio::test]
+async fn a_node_that_is_down_is_reported_somewhere() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let warnings = Warnings::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    nodes[2].kill();
+    let client = client(&nodes);
+    for _ in 0..3 {
+        let guard = Lock::new("down")
+            .ttl(Duration::from_millis(300))
+            .renew()
+            .fencing()
+            .client(client.clone())
+            .try_acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await; // renewed
+        assert!(guard.is_held());
+        guard.release().await.unwrap();
+    }
+    let seen = warnings.0.lock().unwrap().clone();
+    assert!(
+        !seen.is_empty(),
+        "node 2 refused every call, yet nothing was returned or logged"
+    );
+}

@@ -339,6 +339,18 @@ impl Client {
                 call_deadline(&config),
             ))?)
         } else if config.is_quorum() {
+            // The same node twice would count twice towards a majority.
+            let mut distinct = std::collections::HashSet::new();
+            for node in &seeds {
+                let info = node.get_connection_info();
+                if !distinct.insert((info.addr().to_string(), info.redis_settings().db())) {
+                    return Err(LockError::config(format!(
+                        "the quorum {} names the node {} more than once; give N distinct nodes",
+                        config.redacted_url(),
+                        info.addr()
+                    )));
+                }
+            }
             let nodes = seeds
                 .iter()
                 .map(|node| {
@@ -531,7 +543,15 @@ fn several_urls(url: &str, kind: &str) -> Option<Vec<String>> {
         "rediss" => "rediss",
         _ => return None,
     };
-    let rest = rest.split(['/', '?']).next().unwrap_or_default();
+    // The hosts end at the path (`/db`) or query; a cluster has only
+    // database 0 (the cluster client ignores them), a quorum's nodes each
+    // get them.
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (rest, tail) = rest.split_at(end);
+    let tail = match (kind, tail) {
+        ("quorum", tail) if !tail.is_empty() => tail.to_owned(),
+        _ => "/".to_owned(),
+    };
     let (userinfo, hosts) = match rest.rsplit_once('@') {
         Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
         None => (String::new(), rest),
@@ -540,7 +560,7 @@ fn several_urls(url: &str, kind: &str) -> Option<Vec<String>> {
         hosts
             .split(',')
             .filter(|host| !host.trim().is_empty())
-            .map(|host| format!("{scheme}://{userinfo}{}/", host.trim()))
+            .map(|host| format!("{scheme}://{userinfo}{}{tail}", host.trim()))
             .collect(),
     )
 }

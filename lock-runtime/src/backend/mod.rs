@@ -199,11 +199,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Extends every lock of `items` that still holds its token: one round
     /// trip for the whole batch. `round_trips` counts the round trips made.
+    /// Per lock: what was found, or `None` if it could not be decided (over
+    /// a quorum, too few nodes answered): that lock alone is tried again.
     fn renew<'a>(
         &'a self,
         items: &'a [RenewItem<'a>],
         round_trips: &'a AtomicU64,
-    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>>;
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Option<Found>>>>;
 
     /// `items` cut into the parts renewed by one round trip each (on a
     /// cluster, one part per primary); empty or one part: all together.

@@ -29,7 +29,8 @@
 //!   (20-120 ms), so they do not all come at once.
 
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::{join_all, BoxFuture};
@@ -41,16 +42,42 @@ use crate::error::LockError;
 use crate::keys::LockKeys;
 
 pub(crate) struct QuorumBackend {
-    nodes: Vec<RedisBackend>,
+    nodes: Arc<Vec<RedisBackend>>,
     deadline: Duration,
+    /// When each node's failure was last logged (ms since `started`).
+    warned: Vec<AtomicU64>,
+    started: Instant,
 }
+
+/// The least time between two warnings about one node.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The pause range between a waiter's attempts, in ms.
 const RETRY_JITTER_MS: (u64, u64) = (20, 120);
 
 impl QuorumBackend {
     pub(crate) fn new(nodes: Vec<RedisBackend>, deadline: Duration) -> QuorumBackend {
-        QuorumBackend { nodes, deadline }
+        QuorumBackend {
+            warned: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
+            nodes: Arc::new(nodes),
+            deadline,
+            started: Instant::now(),
+        }
+    }
+
+    /// A node failed a call that the quorum carried anyway: not returned,
+    /// so logged (at most every [`WARN_EVERY`] per node), since the quorum
+    /// now tolerates one failure less.
+    fn node_failed(&self, node: usize, what: &str) {
+        let now = self.started.elapsed().as_millis() as u64 + WARN_EVERY.as_millis() as u64;
+        let last = self.warned[node].load(Ordering::Relaxed);
+        if now >= last + WARN_EVERY.as_millis() as u64
+            && self.warned[node]
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(node, "a quorum node failed a {what} the others carried; the quorum tolerates one failure less until it is back");
+        }
     }
 
     /// N/2 + 1.
@@ -77,14 +104,18 @@ impl QuorumBackend {
         .await
     }
 
-    /// Gives the attempt's value back on every node, waiting for the
-    /// answers at most `timeout`: a node that does not answer by then
-    /// still gets the release (it is sent), and runs it when it can.
-    async fn give_back(&self, keys: &LockKeys, value: &str, timeout: Duration) {
-        self.on_all(timeout, |node| {
-            node.release(Kind::Exclusive, keys, value, 0)
-        })
-        .await;
+    /// Gives the attempt's value back on every node, in the background
+    /// (each release within its call deadline).
+    fn give_back(&self, keys: &LockKeys, value: String) {
+        let (nodes, keys) = (Arc::clone(&self.nodes), keys.clone());
+        tokio::spawn(async move {
+            join_all(
+                nodes
+                    .iter()
+                    .map(|node| node.release(Kind::Exclusive, &keys, &value, 0)),
+            )
+            .await;
+        });
     }
 }
 
@@ -149,6 +180,14 @@ impl Backend for QuorumBackend {
                     request.keys.name()
                 )));
             }
+            if drift(request.ttl_ms) * 2 >= Duration::from_millis(request.ttl_ms) {
+                return Err(LockError::config(format!(
+                    "lock `{}`: a ttl of {} ms is too short for a quorum (its validity is cut \
+                     by 1 % + 2 ms for clock drift): give at least 10 ms",
+                    request.keys.name(),
+                    request.ttl_ms
+                )));
+            }
             let started = Instant::now();
             // The value this attempt writes: the holder's token and a mark
             // of this attempt. Release and renewal match the holder's token
@@ -166,28 +205,57 @@ impl Backend for QuorumBackend {
                 ..request
             };
             let timeout = node_timeout(request.ttl_ms, self.deadline);
-            let answers = self
-                .on_all(timeout, |node| node.acquire(node_request))
-                .await;
-            let mut granted = 0;
+            // Settled as soon as a majority granted it, or can no longer.
+            let mut pending: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move {
+                    let answer = tokio::time::timeout(timeout, node.acquire(node_request))
+                        .await
+                        .ok();
+                    (i, answer)
+                })
+                .collect();
+            let (quorum, nodes) = (self.quorum(), self.nodes.len());
+            let (mut granted, mut refused) = (0, 0);
             let mut busy = false;
             let mut fence: Option<u64> = None;
             let mut error = None;
-            for answer in answers.into_iter().flatten() {
+            let mut failed = Vec::new();
+            while let Some((node, answer)) = pending.next().await {
+                if !matches!(answer, Some(Ok(_))) {
+                    failed.push(node);
+                }
                 match answer {
-                    Ok(Acquire::Acquired {
+                    Some(Ok(Acquire::Acquired {
                         fence: node_fence, ..
-                    }) => {
+                    })) => {
                         granted += 1;
                         fence = fence.max(node_fence);
                     }
-                    Ok(Acquire::Busy { .. }) => busy = true,
-                    Err(node_error) => error = Some(node_error),
+                    Some(Ok(Acquire::Busy { .. })) => {
+                        busy = true;
+                        refused += 1;
+                    }
+                    Some(Err(node_error)) => {
+                        error = Some(node_error);
+                        refused += 1;
+                    }
+                    // No answer in time: its outcome unknown.
+                    None => refused += 1,
+                }
+                if granted >= quorum || refused > nodes - quorum {
+                    break;
                 }
             }
+            drop(pending);
             let ttl = Duration::from_millis(request.ttl_ms);
             let valid = |started: Instant| started.elapsed() + drift(request.ttl_ms) < ttl;
             if granted >= self.quorum() && valid(started) {
+                for &node in &failed {
+                    self.node_failed(node, "lock acquisition");
+                }
                 let Some(token) = fence else {
                     return Ok(Acquire::Acquired {
                         fence: None,
@@ -213,14 +281,16 @@ impl Backend for QuorumBackend {
                 }
             }
             // Not held: given back everywhere, the nodes that did not
-            // answer included.
-            self.give_back(request.keys, &attempt, timeout).await;
-            match error {
-                Some(error) if !busy => Err(error),
-                _ => Ok(Acquire::Busy {
+            // answer included, in the background (a stopped node runs it
+            // when it resumes, after the attempt it follows on the same
+            // connection; the next attempt writes another value).
+            self.give_back(request.keys, attempt);
+            if busy {
+                return Ok(Acquire::Busy {
                     expires_in: Some(jitter()),
-                }),
+                });
             }
+            Err(error.unwrap_or_else(|| no_majority(request.keys, "acquire", granted, quorum)))
         })
     }
 
@@ -240,7 +310,12 @@ impl Backend for QuorumBackend {
                 .await;
             let (mut mine, mut other, mut answered) = (0, false, 0);
             let mut retried = false;
-            for release in answers.into_iter().flatten().flatten() {
+            let mut failed = Vec::new();
+            for (node, answer) in answers.into_iter().enumerate() {
+                let Some(Ok(release)) = answer else {
+                    failed.push(node);
+                    continue;
+                };
                 answered += 1;
                 retried |= release.retried;
                 match release.found {
@@ -250,10 +325,11 @@ impl Backend for QuorumBackend {
                 }
             }
             let found = if mine >= self.quorum() {
+                for &node in &failed {
+                    self.node_failed(node, "release");
+                }
                 Found::Mine
-            } else if answered < self.quorum()
-                && mine + (self.nodes.len() - answered) >= self.quorum()
-            {
+            } else if mine + (self.nodes.len() - answered) >= self.quorum() {
                 // Too few answers to say it was lost.
                 return Err(no_majority(keys, "release", answered, self.quorum()));
             } else if other {
@@ -301,7 +377,7 @@ impl Backend for QuorumBackend {
         &'a self,
         items: &'a [RenewItem<'a>],
         round_trips: &'a AtomicU64,
-    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Option<Found>>>> {
         Box::pin(async move {
             // Settled as soon as every lock is decided by the answers so
             // far (a majority extended it, or can no longer), not after the
@@ -309,11 +385,14 @@ impl Backend for QuorumBackend {
             let mut pending: FuturesUnordered<_> = self
                 .nodes
                 .iter()
-                .map(|node| async {
-                    tokio::time::timeout(self.deadline, node.renew(items, round_trips))
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
+                .enumerate()
+                .map(|(i, node)| async move {
+                    let answer =
+                        tokio::time::timeout(self.deadline, node.renew(items, round_trips))
+                            .await
+                            .ok()
+                            .and_then(Result::ok);
+                    (i, answer)
                 })
                 .collect();
             let (quorum, nodes) = (self.quorum(), self.nodes.len());
@@ -323,10 +402,14 @@ impl Backend for QuorumBackend {
             let mut not = vec![0usize; items.len()];
             let mut other = vec![false; items.len()];
             let mut silent = nodes;
-            while let Some(answer) = pending.next().await {
+            while let Some((node, answer)) = pending.next().await {
                 silent -= 1;
+                if answer.is_none() {
+                    self.node_failed(node, "renewal");
+                }
                 // A node that failed to answer counts as neither.
                 for (i, code) in answer.into_iter().flatten().enumerate() {
+                    let Some(code) = code else { continue };
                     match code {
                         Found::Mine => mine[i] += 1,
                         Found::Other => {
@@ -345,25 +428,15 @@ impl Backend for QuorumBackend {
             let mut found = Vec::with_capacity(items.len());
             for i in 0..items.len() {
                 if mine[i] >= quorum {
-                    found.push(Found::Mine);
+                    found.push(Some(Found::Mine));
                 } else if not[i] > nodes - quorum {
                     // A majority no longer holds it: lost.
-                    found.push(if other[i] { Found::Other } else { Found::Gone });
+                    found.push(Some(if other[i] { Found::Other } else { Found::Gone }));
                 } else {
                     // Nodes that did not answer could have made a majority:
-                    // not a loss yet, a failed renewal (tried again while
-                    // the lock is valid).
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "renewal of `{}` confirmed by {} node(s), a majority of {quorum} is \
-                             needed and {} did not answer",
-                            items[i].keys.name(),
-                            mine[i],
-                            nodes - mine[i] - not[i]
-                        ),
-                    )
-                    .into());
+                    // not a loss yet, a failed renewal of this lock alone
+                    // (tried again while the lock is valid).
+                    found.push(None);
                 }
             }
             Ok(found)

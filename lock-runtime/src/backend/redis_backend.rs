@@ -440,8 +440,11 @@ impl Backend for RedisBackend {
         &'a self,
         items: &'a [RenewItem<'a>],
         round_trips: &'a AtomicU64,
-    ) -> BoxFuture<'a, redis::RedisResult<Vec<Found>>> {
-        Box::pin(self.renew_all(items, round_trips))
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Option<Found>>>> {
+        Box::pin(async move {
+            let found = self.renew_all(items, round_trips).await?;
+            Ok(found.into_iter().map(Some).collect())
+        })
     }
 
     fn call_deadline(&self) -> Duration {

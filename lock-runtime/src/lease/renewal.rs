@@ -39,6 +39,18 @@ fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(1))
 }
 
+/// A renewal of `hold` failed or was not decided: tried again soon if
+/// there is time left, else dropped (the holder's own deadline reports the
+/// loss).
+fn retry_or_give_up(registry: &mut Registry, id: u64, hold: &Hold, now: Instant) {
+    let retry_at = now + retry_delay(hold.ttl);
+    if retry_at + drift_margin(hold.ttl) < hold.valid_until() {
+        registry.schedule(id, retry_at);
+    } else {
+        registry.remove(id);
+    }
+}
+
 /// What the backend needs to renew the holds of `batch`.
 fn renew_items(batch: &[(u64, Arc<Hold>)]) -> Vec<RenewItem<'_>> {
     batch
@@ -321,6 +333,7 @@ impl Renewer {
         let mut registry = self.registry();
         match outcome {
             Ok(codes) => {
+                let mut undecided = 0;
                 for ((id, hold), code) in batch.iter().zip(codes) {
                     if !registry.entries.contains_key(id) {
                         continue; // released meanwhile: its result means nothing
@@ -330,6 +343,13 @@ impl Renewer {
                         registry.remove(*id);
                         continue;
                     }
+                    let Some(code) = code else {
+                        // Not decided (over a quorum: too few answers):
+                        // this lock alone is tried again.
+                        undecided += 1;
+                        retry_or_give_up(&mut registry, *id, hold, now);
+                        continue;
+                    };
                     match code {
                         Found::Mine => {
                             if now > hold.valid_until() {
@@ -349,6 +369,15 @@ impl Renewer {
                         }
                     }
                 }
+                if undecided > 0 {
+                    self.counters
+                        .failed_round_trips
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        locks = undecided,
+                        "lock renewal not confirmed; retrying while the locks are valid"
+                    );
+                }
             }
             Err(error) => {
                 self.counters
@@ -356,16 +385,8 @@ impl Renewer {
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying while the locks are valid");
                 for (id, hold) in &batch {
-                    if !registry.entries.contains_key(id) {
-                        continue;
-                    }
-                    let retry_at = now + retry_delay(hold.ttl);
-                    if retry_at + drift_margin(hold.ttl) < hold.valid_until() {
-                        registry.schedule(*id, retry_at);
-                    } else {
-                        // No time left for another try: the holder's own
-                        // deadline reports the loss.
-                        registry.remove(*id);
+                    if registry.entries.contains_key(id) {
+                        retry_or_give_up(&mut registry, *id, hold, now);
                     }
                 }
             }
@@ -375,7 +396,7 @@ impl Renewer {
     }
 
     /// One round trip for the whole batch (see [`Backend::renew`]).
-    async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<Found>> {
+    async fn send(&self, batch: &[(u64, Arc<Hold>)]) -> redis::RedisResult<Vec<Option<Found>>> {
         let items = renew_items(batch);
         self.counters
             .renewals_sent
