@@ -12,23 +12,6 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError};
 
-fn quorum_url(nodes: &[RedisServer]) -> String {
-    let hosts: Vec<String> = nodes
-        .iter()
-        .map(|node| format!("127.0.0.1:{}", node.port()))
-        .collect();
-    format!("redis-quorum://{}", hosts.join(","))
-}
-
-fn client(nodes: &[RedisServer]) -> Client {
-    Client::new(
-        Config::new(quorum_url(nodes))
-            .connect_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_millis(300)),
-    )
-    .unwrap()
-}
-
 /// The value of `key` on `node`, if any.
 fn get(node: &RedisServer, key: &str) -> Option<String> {
     value(&redis(node, &["GET", key]))
@@ -38,7 +21,7 @@ fn get(node: &RedisServer, key: &str) -> Option<String> {
 async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
     for n in [3usize, 5] {
         let nodes: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
-        let client = client(&nodes);
+        let client = quorum_client(&nodes);
         let key = "lock:{subset}";
         for mask in 0..(1u32 << n) {
             // Unavailable nodes: in turn stopped, or held by another owner.
@@ -97,7 +80,7 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_majority() {
     let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
+    let client = quorum_client(&nodes);
     let ttl = Duration::from_millis(900);
     let guard = Lock::new("kept")
         .ttl(ttl)
@@ -106,6 +89,11 @@ async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_maj
         .try_acquire()
         .await
         .unwrap();
+    wait_until("every node holds it", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| value(&redis(node, &["GET", "lock:{kept}"])).is_some())
+    });
     // A minority stopped: renewals still reach a majority.
     signal(&nodes[0], "-STOP");
     signal(&nodes[1], "-STOP");
@@ -191,7 +179,7 @@ fn processes_exclude_each_other_and_tokens_increase_while_nodes_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_different_majorities() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
+    let client = quorum_client(&nodes);
     let ahead: u64 = 4_000_000_000_000_000; // µs, far ahead of the clock (under 2^53)
     redis(
         &nodes[0],
@@ -224,7 +212,7 @@ async fn fencing_tokens_increase_across_different_majorities() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_acquire_with_every_node_silent_is_an_error_not_busy() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
+    let client = quorum_client(&nodes);
     // Connections opened first.
     Lock::new("silent")
         .client(client.clone())
@@ -258,16 +246,19 @@ async fn try_acquire_with_every_node_silent_is_an_error_not_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_does_not_report_lost_when_a_silent_node_could_make_the_majority() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
+    let client = quorum_client(&nodes);
     let guard = Lock::new("told")
         .ttl(Duration::from_secs(10))
         .client(client.clone())
         .try_acquire()
         .await
         .unwrap();
-    for node in &nodes {
-        assert!(value(&redis(node, &["GET", "lock:{told}"])).is_some());
-    }
+    // Held on every node (the acquisition settles once a majority answered).
+    wait_until("every node holds it", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| value(&redis(node, &["GET", "lock:{told}"])).is_some())
+    });
     // Node 0 forgets the key; node 2 stops. Nodes 0..2 hold it on 1 and 2.
     redis(&nodes[0], &["DEL", "lock:{told}"]);
     signal(&nodes[2], "-STOP");
@@ -286,7 +277,7 @@ async fn release_does_not_report_lost_when_a_silent_node_could_make_the_majority
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecided_lock_does_not_make_a_majority_renewed_lock_lost() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
+    let client = quorum_client(&nodes);
     let ttl = Duration::from_millis(1500);
     let a = Lock::new("batch-a")
         .ttl(ttl)
@@ -332,8 +323,8 @@ async fn an_undecided_lock_does_not_make_a_majority_renewed_lock_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_is_not_overrun_with_a_minority_stopped() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = client(&nodes);
-    let other = self::client(&nodes);
+    let client = quorum_client(&nodes);
+    let other = quorum_client(&nodes);
     let held = Lock::new("overrun")
         .ttl(Duration::from_secs(10))
         .client(other)
@@ -420,54 +411,4 @@ async fn a_quorum_of_one_node_listed_thrice_is_refused_or_works() {
         .try_acquire()
         .await;
     assert!(taken.is_ok(), "a free lock, a valid config: {taken:?}");
-}
-
-/// Warnings and errors seen by a subscriber.
-#[derive(Clone, Default)]
-struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if *event.metadata().level() <= tracing::Level::WARN {
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{} {:?}", event.metadata().level(), event));
-        }
-    }
-}
-
-/// One node of 3 is down for good (connection refused). Every acquire,
-/// renewal and release succeeds on the other two; the node's failures,
-/// not returned, are logged (a warning), so the operator learns the quorum
-/// now survives no further failure.
-/// (A current-thread runtime: every task of the client runs on this thread,
-/// under this test's subscriber.)
-#[tokio::test]
-async fn a_node_that_is_down_is_reported_somewhere() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let warnings = Warnings::default();
-    let _default =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
-    let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    nodes[2].kill();
-    let client = client(&nodes);
-    for _ in 0..3 {
-        let guard = Lock::new("down")
-            .ttl(Duration::from_millis(300))
-            .renew()
-            .fencing()
-            .client(client.clone())
-            .try_acquire()
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await; // renewed
-        assert!(guard.is_held());
-        guard.release().await.unwrap();
-    }
-    let seen = warnings.0.lock().unwrap().clone();
-    assert!(
-        !seen.is_empty(),
-        "node 2 refused every call, yet nothing was returned or logged"
-    );
 }

@@ -88,3 +88,23 @@ pub fn signal(server: &RedisServer, name: &str) {
         .unwrap();
     assert!(status.success());
 }
+
+/// The `redis-quorum://` URL of `nodes`.
+pub fn quorum_url(nodes: &[RedisServer]) -> String {
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|node| format!("127.0.0.1:{}", node.port()))
+        .collect();
+    format!("redis-quorum://{}", hosts.join(","))
+}
+
+/// A client of the quorum of `nodes`, with short timeouts.
+pub fn quorum_client(nodes: &[RedisServer]) -> lock_runtime::Client {
+    use lock_runtime::{Client, Config};
+    Client::new(
+        Config::new(quorum_url(nodes))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300)),
+    )
+    .unwrap()
+}

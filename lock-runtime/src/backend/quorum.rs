@@ -249,6 +249,30 @@ impl Backend for QuorumBackend {
                     break;
                 }
             }
+            if granted >= quorum && !pending.is_empty() {
+                // Held: the other nodes get a short grace to answer too
+                // (about as long again as the majority took), so that a
+                // healthy node is not left out of the hold (it would
+                // tolerate one failure less); a stopped one is not waited
+                // for. A request dropped unanswered may still land: it
+                // holds the same token, which the release matches.
+                let grace = (started.elapsed() * 2)
+                    .max(Duration::from_millis(2))
+                    .min(timeout);
+                let _ = tokio::time::timeout(grace, async {
+                    while let Some((node, answer)) = pending.next().await {
+                        match answer {
+                            Some(Ok(Acquire::Acquired {
+                                fence: node_fence, ..
+                            })) => {
+                                fence = fence.max(node_fence);
+                            }
+                            _ => failed.push(node),
+                        }
+                    }
+                })
+                .await;
+            }
             drop(pending);
             let ttl = Duration::from_millis(request.ttl_ms);
             let valid = |started: Instant| started.elapsed() + drift(request.ttl_ms) < ttl;
