@@ -74,12 +74,7 @@ async fn the_minimal_rule_runs_every_primitive() {
     let busy = Lock::new("acl").client(other.clone()).try_acquire().await;
     assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
     // A waiter of another client, woken by the release.
-    let waiter = tokio::spawn({
-        let lock = Lock::new("acl")
-            .wait(Duration::from_secs(10))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, "acl", Duration::from_secs(10));
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         redis(&server, &["LLEN", "lock:{acl}:queue"]) == ":1\r\n"
     })
@@ -87,7 +82,7 @@ async fn the_minimal_rule_runs_every_primitive() {
     tokio::time::sleep(Duration::from_millis(800)).await; // renewed past its ttl
     assert!(held.is_held());
     held.release().await.unwrap();
-    waiter.await.unwrap().unwrap().release().await.unwrap();
+    waited(waiter).await.release().await.unwrap();
     // Read/write lock and semaphore.
     let rw = RwLock::new("acl").client(one.clone());
     let read = rw.read().try_acquire().await.unwrap();

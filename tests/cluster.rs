@@ -72,12 +72,7 @@ async fn every_primitive_works_on_a_cluster() {
             .try_acquire()
             .await
             .unwrap();
-        let waiter = tokio::spawn({
-            let lock = Lock::new(name.as_str())
-                .wait(Duration::from_secs(20))
-                .client(other.clone());
-            async move { lock.acquire().await }
-        });
+        let waiter = spawn_waiter(&other, name, Duration::from_secs(20));
         let queue = format!("lock:{{{name}}}:queue");
         wait_until_async("the waiter queues", LINE_TIMEOUT, || {
             let port = cluster.primary_of_slot(keyslot(&cluster, &queue)).unwrap();
@@ -85,11 +80,7 @@ async fn every_primitive_works_on_a_cluster() {
         })
         .await;
         held.release().await.unwrap();
-        let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let guard = waited(waiter).await;
         guard.release().await.unwrap();
     }
 
@@ -183,12 +174,7 @@ async fn waiters_are_woken_by_sharded_messages() {
             .try_acquire()
             .await
             .unwrap();
-        let waiter = tokio::spawn({
-            let lock = Lock::new(name.as_str())
-                .wait(Duration::from_secs(20))
-                .client(other.clone());
-            async move { lock.acquire().await }
-        });
+        let waiter = spawn_waiter(&other, name, Duration::from_secs(20));
         let queue = format!("lock:{{{name}}}:queue");
         wait_until_async("the waiter queues", LINE_TIMEOUT, || {
             test_support::command(port, &["LLEN", &queue]).unwrap() == ":1\r\n"
@@ -203,11 +189,7 @@ async fn waiters_are_woken_by_sharded_messages() {
             "{name}: {calls} attempts while the lock was held"
         );
         held.release().await.unwrap();
-        let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let guard = waited(waiter).await;
         guard.release().await.unwrap();
         woken_on.insert(port);
     }

@@ -108,12 +108,7 @@ async fn a_manual_failover_keeps_every_lock_and_wakes_waiters() {
     for name in on.iter().chain(&off) {
         guards.push((name.clone(), hold(&one, name, ttl).await));
     }
-    let waiter = tokio::spawn({
-        let lock = Lock::new(on[0].as_str())
-            .wait(Duration::from_secs(60))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, &on[0], Duration::from_secs(60));
     let queue = format!("lock:{{{}}}:queue", on[0]);
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(primary, &["LLEN", &queue]).unwrap() == ":1\r\n"
@@ -158,11 +153,7 @@ async fn a_manual_failover_keeps_every_lock_and_wakes_waiters() {
     let mut guards = guards.into_iter();
     let (_, first) = guards.next().unwrap();
     first.release().await.unwrap();
-    let taken = tokio::time::timeout(LINE_TIMEOUT, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let taken = waited(waiter).await;
     taken.release().await.unwrap();
     for (_, guard) in guards {
         guard.release().await.unwrap();
@@ -199,12 +190,7 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     for name in on.iter().skip(1).chain(&off) {
         kept.push((name.clone(), hold(&one, name, ttl).await));
     }
-    let waiter = tokio::spawn({
-        let lock = Lock::new(on[1].as_str())
-            .wait(Duration::from_secs(60))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, &on[1], Duration::from_secs(60));
     let queue = format!("lock:{{{}}}:queue", on[1]);
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(primary, &["LLEN", &queue]).unwrap() == ":1\r\n"
@@ -272,11 +258,7 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     let mut kept = kept.into_iter();
     let (_, first) = kept.next().unwrap();
     first.release().await.unwrap();
-    let taken = tokio::time::timeout(LINE_TIMEOUT, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let taken = waited(waiter).await;
     taken.release().await.unwrap();
     for (_, guard) in kept {
         guard.release().await.unwrap();
@@ -321,12 +303,7 @@ async fn a_resharded_slot_keeps_its_lock_and_wakes_its_waiter() {
         .find(|other| slot(&format!("lock:{{{other}}}")) != first_slot)
         .unwrap();
     let stays = hold(&one, &staying, ttl).await;
-    let waiter = tokio::spawn({
-        let lock = Lock::new(name.as_str())
-            .wait(Duration::from_secs(60))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, &name, Duration::from_secs(60));
     let queue = format!("lock:{{{name}}}:queue");
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(source, &["LLEN", &queue]).unwrap() == ":1\r\n"
@@ -372,11 +349,7 @@ async fn a_resharded_slot_keeps_its_lock_and_wakes_its_waiter() {
         Some(guard.token())
     );
     guard.release().await.unwrap();
-    let taken = tokio::time::timeout(LINE_TIMEOUT, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let taken = waited(waiter).await;
     taken.release().await.unwrap();
     assert_eq!(one.renewal_stats().lost, 0);
 }
@@ -396,12 +369,7 @@ async fn a_killed_subscription_comes_back() {
         .try_acquire()
         .await
         .unwrap();
-    let waiter = tokio::spawn({
-        let lock = Lock::new(on[0].as_str())
-            .wait(Duration::from_secs(60))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, &on[0], Duration::from_secs(60));
     wait_until_async("the waiter listens", LINE_TIMEOUT, || {
         shard_channels(primary).contains("lock-waiters:")
     })
@@ -413,11 +381,7 @@ async fn a_killed_subscription_comes_back() {
     })
     .await;
     guard.release().await.unwrap();
-    let taken = tokio::time::timeout(LINE_TIMEOUT, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let taken = waited(waiter).await;
     taken.release().await.unwrap();
 }
 
@@ -607,12 +571,7 @@ async fn a_refused_subscription_is_not_retried_forever_without_waiters() {
         .try_acquire()
         .await
         .unwrap();
-    let waiter = tokio::spawn({
-        let lock = Lock::new(name.as_str())
-            .wait(Duration::from_secs(20))
-            .client(other.clone());
-        async move { lock.acquire().await }
-    });
+    let waiter = spawn_waiter(&other, &name, Duration::from_secs(20));
     let queue = format!("lock:{{{name}}}:queue");
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(port, &["LLEN", &queue]).unwrap() == ":1\r\n"
@@ -620,11 +579,7 @@ async fn a_refused_subscription_is_not_retried_forever_without_waiters() {
     .await;
     held.release().await.unwrap();
     // Woken by its timed retry (no message can reach it).
-    let guard = tokio::time::timeout(LINE_TIMEOUT, waiter)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let guard = waited(waiter).await;
     guard.release().await.unwrap();
     // No waiter is left in `other`: nothing should be sent on its behalf.
     let total = |cluster: &RedisCluster| -> u64 {
@@ -679,22 +634,13 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
             .try_acquire()
             .await
             .unwrap();
-        let waiting = tokio::spawn({
-            let lock = Lock::new(name.as_str())
-                .wait(Duration::from_secs(20))
-                .client(waiter.clone());
-            async move { lock.acquire().await }
-        });
+        let waiting = spawn_waiter(&waiter, name, Duration::from_secs(20));
         wait_until_async("the waiter listens", LINE_TIMEOUT, || {
             shard_channels(port).contains("lock-waiters:")
         })
         .await;
         held.release().await.unwrap();
-        let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let guard = waited(waiting).await;
         guard.release().await.unwrap();
     }
     let slot_x = slot_on(x, &format!("lock:{{{on_x}}}"));
@@ -729,12 +675,7 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
         .try_acquire()
         .await
         .unwrap();
-    let waiting = tokio::spawn({
-        let lock = Lock::new(on_x.as_str())
-            .wait(Duration::from_secs(20))
-            .client(waiter.clone());
-        async move { lock.acquire().await }
-    });
+    let waiting = spawn_waiter(&waiter, &on_x, Duration::from_secs(20));
     let deadline = Instant::now() + Duration::from_secs(8);
     while !shard_channels(z).contains("lock-waiters:") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -748,11 +689,7 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
         shard_channels(z)
     );
     held.release().await.unwrap();
-    let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let guard = waited(waiting).await;
     guard.release().await.unwrap();
 }
 

@@ -108,3 +108,26 @@ pub fn quorum_client(nodes: &[RedisServer]) -> lock_runtime::Client {
     )
     .unwrap()
 }
+
+/// A task of `client` waiting up to `wait` for the lock `name`.
+pub fn spawn_waiter(
+    client: &lock_runtime::Client,
+    name: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>> {
+    let lock = lock_runtime::Lock::new(name)
+        .wait(wait)
+        .client(client.clone());
+    tokio::spawn(async move { lock.acquire().await })
+}
+
+/// The guard a [`spawn_waiter`] task got (within [`LINE_TIMEOUT`]).
+pub async fn waited(
+    waiter: tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+) -> lock_runtime::LockGuard {
+    tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("the waiter got an answer in time")
+        .expect("the waiter task ran")
+        .expect("the waiter got the lock")
+}

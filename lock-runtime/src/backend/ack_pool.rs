@@ -92,6 +92,20 @@ impl Borrowed {
     }
 }
 
+/// Runs `call` on the connection `borrowed` lent (if any), which goes back
+/// to the pool only if `call` finished (not if it was dropped unfinished).
+pub(crate) async fn on_borrowed<T>(
+    borrowed: Option<Borrowed>,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let mut borrowed = borrowed;
+    let result = call.await;
+    if let Some(borrowed) = &mut borrowed {
+        borrowed.finished();
+    }
+    result
+}
+
 impl Drop for Borrowed {
     fn drop(&mut self) {
         let Some(link) = self.link.take() else {

@@ -314,6 +314,7 @@ impl Backend for QuorumBackend {
                     expires_in: Some(jitter()),
                 });
             }
+            // No node answered busy: the ones that answered granted it.
             Err(error.unwrap_or_else(|| no_majority(request.keys, "acquire", granted, quorum)))
         })
     }

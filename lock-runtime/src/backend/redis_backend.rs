@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use redis::{Cmd, Value};
 
-use super::ack_pool::{AckPool, Borrowed};
+use super::ack_pool::{on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
     evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
@@ -67,14 +67,7 @@ impl RedisBackend {
             .call(|link, number| {
                 let (link, borrowed) = self.for_call(link, ack);
                 let call = attempt(link, number);
-                async move {
-                    let mut borrowed = borrowed;
-                    let result = call.await;
-                    if let Some(borrowed) = &mut borrowed {
-                        borrowed.finished();
-                    }
-                    result
-                }
+                on_borrowed(borrowed, call)
             })
             .await
             .map_err(|source| LockError::redis(name, operation, source))

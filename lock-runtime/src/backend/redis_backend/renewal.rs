@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::{Cmd, FromRedisValue};
 
 use super::RedisBackend;
+use crate::backend::ack_pool::on_borrowed;
 use crate::backend::connection::Link;
 use crate::backend::scripts::{
     as_eval, is_noscript, run, LuaScript, RENEW, RENEW_ANY_SLOT, RENEW_SHARES,
@@ -192,14 +193,7 @@ impl RedisBackend {
                     let codes = self.renew_one_by_one(&by_slot, &connection).await?;
                     Ok(with_items(&by_slot, codes))
                 };
-                async move {
-                    let mut borrowed = borrowed;
-                    let result = call.await;
-                    if let Some(borrowed) = &mut borrowed {
-                        borrowed.finished();
-                    }
-                    result
-                }
+                on_borrowed(borrowed, call)
             })
             .await
     }
