@@ -207,6 +207,195 @@ async fn fencing_tokens_increase_across_different_majorities() {
     );
 }
 
+/// Fencing with nodes restarted without their data (the delayed restarts
+/// RedLock needs: a node rejoins empty only after the ttl): 4 processes x 2
+/// tasks x 40 fenced sections on one key over 5 nodes. Meanwhile nodes are
+/// killed (SIGKILL), kept down past the ttl and started again with no data,
+/// every node in turn and then again (more restarts than any majority has
+/// nodes), and another is stopped now and then (SIGSTOP). The non-atomic
+/// counter is exact and the tokens, in the order the bodies ran, strictly
+/// increase: a restarted node's next token comes from its clock, past every
+/// earlier token while the node clocks agree (here: one machine).
+#[test]
+fn fencing_tokens_increase_while_nodes_restart_without_data() {
+    const WORKERS: usize = 4;
+    const TASKS: usize = 2;
+    const SECTIONS: usize = 40;
+    const RESTARTS: usize = 6;
+    let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let bookkeeping = RedisServer::start();
+    let url = quorum_url(&nodes);
+    let sections = SECTIONS.to_string();
+    let mut workers: Vec<Process> = (0..WORKERS)
+        .map(|_| {
+            Process::spawn_with_env(
+                env!("CARGO_BIN_EXE_lock-worker"),
+                &["count", "restarts", "2", &sections, "counter", "brief"],
+                Some(&url),
+                &[("BOOKKEEPING_URL", &bookkeeping.url())],
+            )
+        })
+        .collect();
+    let mut seed: u32 = 4242;
+    let mut next = move || {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (seed >> 16) as usize
+    };
+    let mut restarts = 0;
+    for round in 0..RESTARTS {
+        // Every node in turn, then at random: no two down at once.
+        let down = if round < nodes.len() {
+            round
+        } else {
+            next() % nodes.len()
+        };
+        let port = nodes[down].port();
+        nodes[down].kill();
+        // Down past the ttl (1 s) and the holders' validity, meanwhile
+        // another node is stopped for a while: 2 of 5 unavailable.
+        let stopped = (down + 1 + next() % (nodes.len() - 1)) % nodes.len();
+        signal(&nodes[stopped], "-STOP");
+        std::thread::sleep(Duration::from_millis(300));
+        signal(&nodes[stopped], "-CONT");
+        std::thread::sleep(Duration::from_millis(900));
+        nodes[down] = RedisServer::start_on(port).expect("the node starts again on its port");
+        restarts += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Sections still ran after the last restart (the faults were not all
+    // after the work).
+    let ran: usize = redis(&bookkeeping, &["LLEN", "counter:fences"])
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    eprintln!("{ran} sections had run by the last restart");
+    assert!(
+        ran < WORKERS * TASKS * SECTIONS,
+        "the workers finished too early"
+    );
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT * 4), "done");
+    }
+    let total: i64 = value(&redis(&bookkeeping, &["GET", "counter"]))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total as usize, WORKERS * TASKS * SECTIONS);
+    let fences = redis(&bookkeeping, &["LRANGE", "counter:fences", "0", "-1"]);
+    let fences: Vec<u64> = fences
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+        .map(|line| line.parse().unwrap())
+        .collect();
+    assert_eq!(fences.len(), WORKERS * TASKS * SECTIONS);
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens not increasing: {fences:?}"
+    );
+    assert_eq!(restarts, RESTARTS);
+}
+
+/// How many restarts without data the quorum argument alone covers (design
+/// §13), with tokens ahead of the node clocks (a clock ahead, or tokens
+/// handed out there), so that only the nodes holding the first token can
+/// carry it to the second acquisition. For N = 3 and N = 5, m = N/2+1:
+/// - the first token reached only its majority (the others were down): the
+///   next majority may share one node with it; that node kept its data: a
+///   larger token; it restarted empty: a smaller one (0 restarts covered);
+/// - the first token reached every node: any next majority shares m nodes
+///   with it; m - 1 of them restarted empty: larger; all m: smaller
+///   (m - 1 restarts covered: 1 for N = 3, 2 for N = 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_without_data_covered_by_the_quorum() {
+    for size in [3, 5] {
+        let m = size / 2 + 1;
+        let all: Vec<usize> = (0..size).collect();
+        // (first majority, restarted empty, second majority, larger)
+        let scenarios: [Scenario; 4] = [
+            (&all[..m], &[], &all[m - 1..], true),
+            (&all[..m], &[m - 1], &all[m - 1..], false),
+            (&all, &all[..m - 1], &all[..m], true),
+            (&all, &all[..m], &all[..m], false),
+        ];
+        for (first_majority, restarted, second_majority, larger) in scenarios {
+            let (first, second) =
+                tokens_across_restarts(size, first_majority, restarted, second_majority).await;
+            assert_eq!(
+                second > first,
+                larger,
+                "N = {size}, first on {first_majority:?}, {restarted:?} restarted empty, \
+                 second on {second_majority:?}: {second} after {first}"
+            );
+        }
+    }
+}
+
+/// The nodes up for a first fenced acquisition, the nodes restarted
+/// without data after it, the nodes up for the second, and whether its
+/// token is larger.
+type Scenario<'a> = (&'a [usize], &'a [usize], &'a [usize], bool);
+
+/// The fencing tokens of two acquisitions of one key on `size` fresh nodes:
+/// the first with only `first` up (the others are then restarted empty: the
+/// token never reached them), `restarted` nodes restarted without data in
+/// between, the second with only `second` up. Node 0 starts far ahead.
+async fn tokens_across_restarts(
+    size: usize,
+    first: &[usize],
+    restarted: &[usize],
+    second: &[usize],
+) -> (u64, u64) {
+    let mut nodes: Vec<RedisServer> = (0..size).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let ahead: u64 = 4_000_000_000_000_000; // µs, far ahead of the clock (under 2^53)
+    redis(
+        &nodes[0],
+        &["SET", "lock:{ahead}:fence", &ahead.to_string()],
+    );
+    let fenced = || {
+        Lock::new("ahead")
+            .fencing()
+            .ttl(Duration::from_secs(2))
+            .client(client.clone())
+    };
+    let restart = |node: &mut RedisServer| {
+        let port = node.port();
+        node.kill();
+        *node = RedisServer::start_on(port).unwrap();
+    };
+    let outside =
+        |set: &[usize]| -> Vec<usize> { (0..size).filter(|index| !set.contains(index)).collect() };
+    for index in outside(first) {
+        signal(&nodes[index], "-STOP");
+    }
+    let guard = fenced().try_acquire().await.unwrap();
+    let first_token = guard.fencing_token().unwrap();
+    assert!(first_token > ahead);
+    guard.release().await.unwrap();
+    // The write-back is sent to every node; wait until each node of the
+    // first majority has it (some get it after the acquisition held).
+    let written = first_token.to_string();
+    wait_until("the first token is written back", LINE_TIMEOUT, || {
+        first.iter().all(|&index| {
+            value(&redis(&nodes[index], &["GET", "lock:{ahead}:fence"])) == Some(written.clone())
+        })
+    });
+    for index in outside(first).into_iter().chain(restarted.iter().copied()) {
+        restart(&mut nodes[index]);
+    }
+    for index in outside(second) {
+        signal(&nodes[index], "-STOP");
+    }
+    let guard = fenced().try_acquire().await.unwrap();
+    let second_token = guard.fencing_token().unwrap();
+    for index in outside(second) {
+        signal(&nodes[index], "-CONT");
+    }
+    guard.release().await.unwrap();
+    (first_token, second_token)
+}
+
 /// Every node stopped: nobody holds the lock, no node answered; a try says
 /// Redis did not answer, not that the lock is busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,6 +548,46 @@ async fn a_wait_is_not_overrun_with_a_minority_stopped() {
         elapsed < Duration::from_millis(700),
         "wait(200 ms) returned after {elapsed:?}"
     );
+}
+
+/// A fenced acquisition's write-back settles as soon as a majority has the
+/// token, like the acquisition itself: a stopped node does not hold it up
+/// for its per-node timeout (a tenth of the ttl: 500 ms here). The stopped
+/// node still gets the token once it resumes (every node that answers
+/// does, so that later majorities find it on more nodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_acquisition_is_not_held_up_by_a_stopped_minority() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let fenced = || {
+        Lock::new("fenced-stop")
+            .fencing()
+            .ttl(Duration::from_secs(10))
+            .client(client.clone())
+    };
+    // Connections opened first.
+    fenced()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    signal(&nodes[2], "-STOP");
+    let started = Instant::now();
+    let guard = fenced().try_acquire().await;
+    let elapsed = started.elapsed();
+    std::thread::sleep(Duration::from_millis(50));
+    signal(&nodes[2], "-CONT");
+    let token = guard.unwrap().fencing_token().unwrap();
+    assert!(
+        elapsed < Duration::from_millis(400),
+        "a fenced acquisition took {elapsed:?} with one node of 3 stopped"
+    );
+    wait_until("the resumed node has the token", LINE_TIMEOUT, || {
+        value(&redis(&nodes[2], &["GET", "lock:{fenced-stop}:fence"]))
+            .is_some_and(|last| last.parse::<u64>().unwrap() >= token)
+    });
 }
 
 /// `redis-quorum://h1,h2,h3/3`: the database number is part of each node's

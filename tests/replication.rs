@@ -19,6 +19,10 @@ fn primary_with_replica() -> (RedisServer, RedisServer) {
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
             primary.port().to_string(),
+            // Load the primary's data from the socket, not through a
+            // dump.rdb written into the test's working directory.
+            "--repl-diskless-load".to_owned(),
+            "on-empty-db".to_owned(),
         ],
     )
     .unwrap();

@@ -3,10 +3,11 @@
 //! through the process-wide client, configured from `REDIS_URL`.
 //!
 //! Modes:
-//! - `count KEY TASKS SECTIONS COUNTER [unlocked]`: TASKS tasks each run
-//!   SECTIONS critical sections under `#[distributed_lock(wait)]`, each a
-//!   non-atomic GET / +1 / SET of COUNTER. `unlocked` runs the same sections
-//!   without the lock (the control that shows the race is real).
+//! - `count KEY TASKS SECTIONS COUNTER [unlocked|brief]`: TASKS tasks each run
+//!   SECTIONS critical sections under `#[distributed_lock(wait, fencing)]`,
+//!   each a non-atomic GET / +1 / SET of COUNTER, appending its fencing token
+//!   to `COUNTER:fences`. `unlocked` runs the same sections without the lock
+//!   (the control that shows the race is real); `brief` with a 1 s ttl.
 //! - `lottery DATE INSTANCES`: prints `ready`, waits for `go` on stdin, then
 //!   calls the lottery job once; prints `won` or `skipped`.
 //! - `hold KEY TTL_MS`: takes the lock with the manual API, prints
@@ -88,7 +89,7 @@ async fn main() {
                 parse(tasks),
                 parse(sections),
                 counter,
-                rest == ["unlocked"],
+                Section::from_flag(rest.first().copied()),
             )
             .await
         }
@@ -181,6 +182,18 @@ async fn increment(redis: &mut Redis, counter: &str) {
 
 #[distributed_lock(key = "<key>", ttl = "10s", wait = "60s", fencing)]
 async fn locked_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    fenced_increment(redis, counter).await;
+    Ok(())
+}
+
+#[distributed_lock(key = "<key>", ttl = "1s", wait = "60s", fencing)]
+async fn brief_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    fenced_increment(redis, counter).await;
+    Ok(())
+}
+
+/// `increment`, and the body's fencing token appended to `<counter>:fences`.
+async fn fenced_increment(redis: &mut Redis, counter: &str) {
     increment(redis, counter).await;
     // The fencing tokens in the order the bodies ran.
     let fence = lock_runtime::current()
@@ -191,22 +204,46 @@ async fn locked_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(
         .rpush(format!("{counter}:fences"), fence)
         .await
         .unwrap();
-    Ok(())
 }
 
-async fn count(key: &str, tasks: usize, sections: usize, counter: &str, unlocked: bool) {
+/// What `count` does in each section.
+#[derive(Clone, Copy, PartialEq)]
+enum Section {
+    /// Under the lock (`ttl = "10s"`).
+    Locked,
+    /// Under a lock with `ttl = "1s"` (for tests that restart nodes once
+    /// the ttl has passed).
+    Brief,
+    /// Without the lock (shows that the counter needs it).
+    Unlocked,
+}
+
+impl Section {
+    fn from_flag(flag: Option<&str>) -> Section {
+        match flag {
+            None => Section::Locked,
+            Some("brief") => Section::Brief,
+            Some("unlocked") => Section::Unlocked,
+            Some(other) => panic!("unknown count flag {other:?}"),
+        }
+    }
+}
+
+async fn count(key: &str, tasks: usize, sections: usize, counter: &str, section: Section) {
     let mut handles = Vec::new();
     for _ in 0..tasks {
         let (key, counter) = (key.to_owned(), counter.to_owned());
         handles.push(tokio::spawn(async move {
             let mut redis = bookkeeping().await;
             for _ in 0..sections {
-                if unlocked {
-                    increment(&mut redis, &counter).await;
-                } else {
-                    locked_section(&key, &mut redis, &counter)
+                match section {
+                    Section::Unlocked => increment(&mut redis, &counter).await,
+                    Section::Locked => locked_section(&key, &mut redis, &counter)
                         .await
-                        .expect("section under lock");
+                        .expect("section under lock"),
+                    Section::Brief => brief_section(&key, &mut redis, &counter)
+                        .await
+                        .expect("section under lock"),
                 }
             }
         }));

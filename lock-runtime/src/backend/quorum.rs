@@ -16,8 +16,9 @@
 //! - **Fencing**: each granting node hands out its own next token (the
 //!   server clock in µs, or its last + 1); the acquisition's token is the
 //!   highest of them, written back (`fence_raise.lua`) to every node, and
-//!   the acquisition holds only once a majority has it. Any later majority
-//!   shares a node with that one, whose next token is larger.
+//!   the acquisition holds only once a majority has it (the others get it in
+//!   the background). Any later majority shares a node with that one, whose
+//!   next token is larger.
 //! - **Renewal**: counts for a lock only if a majority extended it; a lock a
 //!   majority no longer holds is lost; anything in between (nodes that did
 //!   not answer) is a failed renewal, tried again while the lock is valid.
@@ -102,6 +103,49 @@ impl QuorumBackend {
                 .map(|node| async { tokio::time::timeout(timeout, call(node)).await.ok() }),
         )
         .await
+    }
+
+    /// Writes a fenced acquisition's token back to every node (each node's
+    /// last token becomes at least `token`) and returns how many confirmed
+    /// it, as soon as a majority did or no longer can (at most `timeout`).
+    /// The writes go on in the background: every node that answers gets the
+    /// token, not only the first majority (the more nodes have it, the more
+    /// restarts without data a later majority can tolerate, design §13), and
+    /// a stopped node does not hold up the acquisition.
+    async fn write_back(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        retention_ms: u64,
+        timeout: Duration,
+    ) -> usize {
+        let (answers, mut confirmed) = tokio::sync::mpsc::unbounded_channel();
+        let (nodes, keys) = (Arc::clone(&self.nodes), keys.clone());
+        tokio::spawn(async move {
+            let mut writes: FuturesUnordered<_> = nodes
+                .iter()
+                .map(|node| node.raise_fence(&keys, token, retention_ms))
+                .collect();
+            while let Some(answer) = writes.next().await {
+                let _ = answers.send(answer.is_ok());
+            }
+        });
+        let (quorum, nodes) = (self.quorum(), self.nodes.len());
+        let (mut raised, mut failed) = (0, 0);
+        let _ = tokio::time::timeout(timeout, async {
+            while let Some(ok) = confirmed.recv().await {
+                if ok {
+                    raised += 1;
+                } else {
+                    failed += 1;
+                }
+                if raised >= quorum || failed > nodes - quorum {
+                    break;
+                }
+            }
+        })
+        .await;
+        raised
     }
 
     /// Gives the attempt's value back on every node, in the background
@@ -287,16 +331,11 @@ impl Backend for QuorumBackend {
                     });
                 };
                 // The write-back: a majority must have the token before it
-                // is handed out.
+                // is handed out; every node that answers gets it.
                 let retention_ms = request.fence_retention_ms.unwrap_or(request.ttl_ms);
                 let raised = self
-                    .on_all(timeout, |node| {
-                        node.raise_fence(request.keys, token, retention_ms)
-                    })
-                    .await
-                    .into_iter()
-                    .filter(|answer| matches!(answer, Some(Ok(()))))
-                    .count();
+                    .write_back(request.keys, token, retention_ms, timeout)
+                    .await;
                 if raised >= self.quorum() && valid(started) {
                     return Ok(Acquire::Acquired {
                         fence: Some(token),
