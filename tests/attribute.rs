@@ -128,7 +128,7 @@ fn the_attribute_follows_the_return_type_rules() {
         let _c = hold("cleanup").await;
         let _d = hold("file:a.txt").await;
         match draw("d2", false).await {
-            Err(JobError::Lock(LockError::Busy { key })) => assert_eq!(key, "lottery:d2"),
+            Err(JobError::Lock(LockError::Busy { name })) => assert_eq!(name, "lottery:d2"),
             other => panic!("{other:?}"),
         }
         assert_eq!(report(5).await, None);

@@ -102,7 +102,7 @@ async fn an_axum_style_handler_locks_per_extracted_id() {
 
     // The same id is excluded: not waited for, it is busy...
     match peek(State(app.clone()), Path(1)).await {
-        Err(LockError::Busy { key }) => assert_eq!(key, "order:1"),
+        Err(LockError::Busy { name }) => assert_eq!(name, "order:1"),
         other => panic!("{other:?}"),
     }
     // ...and waited for, it waits; another id goes in meanwhile.
@@ -274,7 +274,7 @@ async fn a_method_names_its_client_with_self() {
         .unwrap();
     assert_eq!(redis(&server, &["EXISTS", "lock:{svc:3:9}"]), ":1\r\n");
     match service.handle(Path(9)).await {
-        Err(LockError::Busy { key }) => assert_eq!(key, "svc:3:9"),
+        Err(LockError::Busy { name }) => assert_eq!(name, "svc:3:9"),
         other => panic!("{other:?}"),
     }
     held.release().await.unwrap();

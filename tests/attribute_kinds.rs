@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{current, distributed_lock, Client, Config, LockError};
+use lock_runtime::{current, distributed_lock, Client, Config, ConfigError, LockError};
 use tokio::sync::{oneshot, watch, Barrier};
 
 /// Generous bound for one case: only hit when something hangs.
@@ -326,8 +326,8 @@ async fn reentry_downgrades_but_never_upgrades() {
 
     let inner = read_then_write(2).await.unwrap();
     match inner {
-        Err(LockError::Config { message }) => {
-            assert!(message.contains("held for reading"), "{message}")
+        Err(LockError::Config(ConfigError::Reentry { reason, .. })) => {
+            assert!(reason.contains("held for reading"), "{reason}")
         }
         other => panic!("a write inside a read gave {other:?}"),
     }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::task::Poll;
 use std::time::Duration;
 
-use lock_runtime::{Client, Config, Lock, LockError, LostCause};
+use lock_runtime::{Client, Config, ConfigError, Lock, LockError, LostCause};
 
 fn client(server: &RedisServer) -> Client {
     Client::new(Config::new(server.url())).unwrap()
@@ -35,7 +35,7 @@ async fn try_acquire_sets_token_and_ttl_then_release_deletes() {
 
     let busy = lock.try_acquire().await.unwrap_err();
     assert!(
-        matches!(busy, LockError::Busy { ref key } if key == "order:1"),
+        matches!(busy, LockError::Busy { ref name } if name == "order:1"),
         "{busy:?}"
     );
     assert!(busy.to_string().contains("wait"), "{busy}");
@@ -261,19 +261,41 @@ async fn bad_input_is_a_clear_error() {
         .client(client.clone())
         .try_acquire()
         .await;
-    assert!(matches!(zero, Err(LockError::Config { ref message }) if message.contains("ttl")));
+    assert!(matches!(
+        zero,
+        Err(LockError::Config(ConfigError::InvalidTtl {
+            ttl: Duration::ZERO,
+            ..
+        }))
+    ));
     let empty = Lock::new("").client(client.clone()).try_acquire().await;
-    assert!(matches!(empty, Err(LockError::Config { ref message }) if message.contains("empty")));
+    assert!(
+        matches!(empty, Err(LockError::Config(ConfigError::InvalidName { ref reason, .. })) if reason.contains("empty"))
+    );
     let huge = Lock::new("h")
         .ttl(Duration::MAX)
         .client(client.clone())
         .try_acquire()
         .await;
-    assert!(matches!(huge, Err(LockError::Config { ref message }) if message.contains("ttl")));
+    assert!(matches!(
+        huge,
+        Err(LockError::Config(ConfigError::InvalidTtl {
+            ttl: Duration::MAX,
+            ..
+        }))
+    ));
     let brace = Lock::new("}x").client(client.clone()).try_acquire().await;
-    assert!(matches!(brace, Err(LockError::Config { .. })));
+    assert!(
+        matches!(brace, Err(LockError::Config(ConfigError::InvalidName { ref name, .. })) if name == "}x")
+    );
     let prefix = Client::new(Config::new(server.url()).key_prefix("app{1}:"));
-    assert!(matches!(prefix, Err(LockError::Config { .. })));
+    assert!(matches!(
+        prefix,
+        Err(LockError::Config(ConfigError::InvalidClientOption {
+            option: "key_prefix",
+            ..
+        }))
+    ));
     // "Wait forever" is a valid wait.
     let forever = Lock::new("w")
         .wait(Duration::MAX)
@@ -286,10 +308,10 @@ async fn bad_input_is_a_clear_error() {
 #[test]
 fn lock_errors_convert_to_io_errors() {
     use std::io::ErrorKind;
-    let busy: std::io::Error = LockError::Busy { key: "k".into() }.into();
+    let busy: std::io::Error = LockError::Busy { name: "k".into() }.into();
     assert_eq!(busy.kind(), ErrorKind::WouldBlock);
     let timeout: std::io::Error = LockError::WaitTimeout {
-        key: "k".into(),
+        name: "k".into(),
         waited: Duration::from_secs(1),
     }
     .into();

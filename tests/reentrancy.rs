@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lock_runtime::{current, distributed_lock, Lock, LockError};
+use lock_runtime::{current, distributed_lock, ConfigError, Lock, LockError};
 
 #[distributed_lock(key = "account:<id>", ttl = "10s", fencing)]
 async fn outer(id: u32, port: u16) -> Result<(Option<u64>, Option<u64>, bool), LockError> {
@@ -340,10 +340,11 @@ fn fencing_is_issued_only_when_asked_and_reentry_cannot_invent_one() {
         // rather than hand out none.
         let inner = outer.run(plain.clone().fencing().acquire()).await.unwrap();
         match inner {
-            Err(LockError::Config { message }) => {
+            Err(LockError::Config(ConfigError::Reentry { name, reason })) => {
+                assert_eq!(name, "invoice:9");
                 assert!(
-                    message.contains("add `fencing` to the outer lock"),
-                    "{message}"
+                    reason.contains("add `fencing` to the outer lock"),
+                    "{reason}"
                 )
             }
             other => panic!("expected a config error, got {other:?}"),
@@ -380,8 +381,8 @@ fn entries_under_a_manual_guard_fail_fast_and_guard_run_nests() {
                     .await
                     .expect("a nested entry waited for its own guard");
                 match outcome {
-                    Err(LockError::Config { message }) => {
-                        assert!(message.contains("guard.run"), "{message}")
+                    Err(LockError::Config(ConfigError::Reentry { reason, .. })) => {
+                        assert!(reason.contains("guard.run"), "{reason}")
                     }
                     other => panic!("expected a config error, got {other:?}"),
                 }
@@ -455,8 +456,8 @@ fn an_inner_entry_cannot_ask_for_more_than_its_outer_hold() {
                     ),
                 ] {
                     match inner.run(async {}).await {
-                        Err(LockError::Config { message }) => {
-                            assert!(message.contains(what), "{message}")
+                        Err(LockError::Config(ConfigError::Reentry { reason, .. })) => {
+                            assert!(reason.contains(what), "{reason}")
                         }
                         other => panic!("{what}: expected a config error, got {other:?}"),
                     }

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{current, Client, Config, Lock, LockError, LostCause, OnLost};
+use lock_runtime::{current, Client, Config, ConfigError, Lock, LockError, LostCause, OnLost};
 
 const TTL: Duration = Duration::from_millis(300);
 
@@ -264,13 +264,21 @@ async fn max_hold_and_on_lost_need_renew() {
         .client(client.clone())
         .acquire()
         .await;
-    assert!(matches!(capped, Err(LockError::Config { ref message }) if message.contains("renew")));
+    assert!(
+        matches!(capped, Err(LockError::Config(ConfigError::InvalidLockOption { option: "max_hold", ref reason, .. })) if reason.contains("renew"))
+    );
     let continued = Lock::new("x")
         .on_lost(OnLost::Continue)
         .client(client)
         .acquire()
         .await;
-    assert!(matches!(continued, Err(LockError::Config { .. })));
+    assert!(matches!(
+        continued,
+        Err(LockError::Config(ConfigError::InvalidLockOption {
+            option: "on_lost",
+            ..
+        }))
+    ));
 }
 
 /// `hold_at_least` with `renew`: a renewal that reaches Redis after the
@@ -390,8 +398,9 @@ async fn out_of_range_durations_are_rejected_before_anything_is_sent() {
     for (what, lock) in cases {
         for result in [lock.acquire().await, lock.try_acquire().await] {
             match result {
-                Err(LockError::Config { message }) => {
-                    assert!(message.contains(what), "{what}: {message}")
+                Err(LockError::Config(ConfigError::InvalidTtl { .. })) if what == "ttl" => {}
+                Err(LockError::Config(ConfigError::InvalidLockOption { option, .. })) => {
+                    assert_eq!(option, what)
                 }
                 other => panic!("{what}: expected a config error, got {other:?}"),
             }

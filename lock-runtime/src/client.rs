@@ -9,7 +9,7 @@ use redis::aio::ConnectionManagerConfig;
 
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
@@ -123,10 +123,7 @@ impl Config {
     pub fn from_env() -> Result<Self, LockError> {
         match std::env::var(REDIS_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => Ok(Config::new(url)),
-            _ => Err(LockError::config(
-                "no Redis URL configured: call `lock_runtime::init(\"redis://host:6379\")` at \
-                 start-up or set the REDIS_URL environment variable",
-            )),
+            _ => Err(ConfigError::NoUrl.into()),
         }
     }
 
@@ -199,48 +196,64 @@ impl Config {
     /// Checks everything but the URL: timeouts in range, a prefix that
     /// keeps the hash tag.
     fn check(&self) -> Result<(), LockError> {
-        for (what, timeout) in [
+        let invalid = |option: &'static str, reason: String| -> LockError {
+            ConfigError::InvalidClientOption { option, reason }.into()
+        };
+        for (option, timeout) in [
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
         ] {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
-                return Err(LockError::config(format!(
-                    "{what} of {timeout:?} is out of range: give it from 1 ms to an hour"
-                )));
+                return Err(invalid(
+                    option,
+                    format!("{timeout:?} is out of range: give it from 1 ms to an hour"),
+                ));
             }
         }
         if self.is_quorum() && (self.quorum.len() < 3 || self.quorum.len().is_multiple_of(2)) {
-            return Err(LockError::config(format!(
-                "a quorum of {} node(s): give an odd number, at least 3 (an even number adds a \
-                 node without adding a failure it survives)",
-                self.quorum.len()
-            )));
+            return Err(invalid(
+                "quorum",
+                format!(
+                    "{} node(s): give an odd number, at least 3 (an even number adds a node \
+                     without adding a failure it survives)",
+                    self.quorum.len()
+                ),
+            ));
         }
         if self.is_quorum() && self.acknowledged.is_some() {
-            return Err(LockError::config(
+            return Err(invalid(
+                "acknowledged",
                 "acknowledged mode waits for replicas; a quorum's nodes are independent masters \
-                 (a majority already confirms each acquisition): drop `acknowledged`",
+                 (a majority already confirms each acquisition): drop `acknowledged`"
+                    .to_owned(),
             ));
         }
         if let Some((replicas, timeout)) = self.acknowledged {
             if replicas == 0 {
-                return Err(LockError::config(
-                    "acknowledged mode with 0 replicas confirms nothing: give at least 1",
+                return Err(invalid(
+                    "acknowledged",
+                    "0 replicas confirm nothing: give at least 1".to_owned(),
                 ));
             }
             if timeout < Duration::from_millis(1) || timeout >= self.response_timeout {
-                return Err(LockError::config(format!(
-                    "acknowledged timeout of {timeout:?} must be at least 1 ms and shorter than \
-                     the response timeout ({:?}): each call waits for it",
-                    self.response_timeout
-                )));
+                return Err(invalid(
+                    "acknowledged",
+                    format!(
+                        "a timeout of {timeout:?} must be at least 1 ms and shorter than the \
+                         response timeout ({:?}): each call waits for it",
+                        self.response_timeout
+                    ),
+                ));
             }
         }
         if self.key_prefix.contains(['{', '}']) {
-            return Err(LockError::config(format!(
-                "key prefix `{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
-                self.key_prefix
-            )));
+            return Err(invalid(
+                "key_prefix",
+                format!(
+                    "`{}` contains `{{` or `}}`; they are reserved for the lock's hash tag",
+                    self.key_prefix
+                ),
+            ));
         }
         Ok(())
     }
@@ -292,9 +305,7 @@ impl Client {
         let seeds = config.parse_urls()?;
         config.check()?;
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(LockError::config(
-                "the lock client must be created inside a Tokio runtime",
-            ));
+            return Err(ConfigError::NoRuntime.into());
         }
         #[cfg(feature = "tls")]
         {
@@ -320,11 +331,14 @@ impl Client {
         });
         let set_up = |target: CallTarget| {
             RedisBackend::new(target, call_deadline(&config), acknowledged).map_err(|error| {
-                LockError::config(format!(
-                    "cannot set up the Redis client for `{}`: {}",
-                    config.redacted_url(),
-                    error.kind_description()
-                ))
+                LockError::from(ConfigError::InvalidUrl {
+                    url: config.redacted_url(),
+                    reason: format!(
+                        "the Redis client cannot be set up: {}",
+                        error.kind_description()
+                    ),
+                    expected: EXPECTED_URL,
+                })
             })
         };
         let backend: Arc<dyn Backend> = if config.is_cluster() {
@@ -344,11 +358,12 @@ impl Client {
             for node in &seeds {
                 let info = node.get_connection_info();
                 if !distinct.insert((info.addr().to_string(), info.redis_settings().db())) {
-                    return Err(LockError::config(format!(
-                        "the quorum {} names the node {} more than once; give N distinct nodes",
-                        config.redacted_url(),
-                        info.addr()
-                    )));
+                    return Err(ConfigError::InvalidUrl {
+                        url: config.redacted_url(),
+                        reason: format!("the quorum names the node {} more than once", info.addr()),
+                        expected: "N distinct nodes",
+                    }
+                    .into());
                 }
             }
             let nodes = seeds
@@ -443,15 +458,16 @@ pub fn init_with(config: Config) -> Result<(), LockError> {
     config.check()?;
     let redacted = config.redacted_url();
     if !global_clients().is_empty() {
-        return Err(LockError::config(
-            "lock_runtime::init was called after the first lock was taken; call it at start-up",
-        ));
+        return Err(ConfigError::LateInit {
+            reason: "was called after the first lock was taken".to_owned(),
+        }
+        .into());
     }
     GLOBAL_CONFIG.set(config).map_err(|_| {
-        LockError::config(format!(
-            "lock_runtime::init was called twice (second URL `{redacted}`); call it once at \
-             start-up"
-        ))
+        ConfigError::LateInit {
+            reason: format!("was called twice (second URL `{redacted}`)"),
+        }
+        .into()
     })
 }
 
@@ -468,8 +484,7 @@ fn global_clients() -> MutexGuard<'static, Vec<(tokio::runtime::Id, Client)>> {
 /// a test suite) that creates runtime after runtime does not accumulate
 /// connections or file descriptors.
 pub fn global_client() -> Result<Client, LockError> {
-    let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|_| LockError::config("locks must be taken inside a Tokio runtime"))?;
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
     let id = runtime.id();
     let client = {
         let mut clients = global_clients();
@@ -514,21 +529,24 @@ impl Drop for ForgetOnDrop {
 fn parse_url(url: &str) -> Result<redis::Client, LockError> {
     let scheme = url.split("://").next().unwrap_or_default();
     if scheme.eq_ignore_ascii_case("rediss") && !TLS_BUILT_IN {
-        return Err(LockError::config(format!(
-            "`{}` asks for TLS (`rediss://`), but this build of lock-runtime has no TLS \
-             support: enable its `tls` feature (lock-runtime = {{ features = [\"tls\"] }}), or \
-             use `redis://` for a Redis without TLS",
-            redact_url(url)
-        )));
+        return Err(ConfigError::TlsNotBuiltIn {
+            url: redact_url(url),
+        }
+        .into());
     }
     redis::Client::open(url).map_err(|error| {
-        LockError::config(format!(
-            "`{}` is not a valid Redis URL ({}); expected redis://[user:password@]host[:port][/db]",
-            redact_url(url),
-            error.kind_description()
-        ))
+        ConfigError::InvalidUrl {
+            url: redact_url(url),
+            reason: error.kind_description().to_owned(),
+            expected: EXPECTED_URL,
+        }
+        .into()
     })
 }
+
+/// The URL forms a [`ConfigError::InvalidUrl`] names.
+const EXPECTED_URL: &str = "redis://[user:password@]host[:port][/db], rediss://... for TLS, \
+     redis-cluster://host1:port1,host2:port2 or redis-quorum://host1:port1,host2:port2,host3:port3";
 
 /// The seed node URLs of a `redis-cluster://` (or `rediss-cluster://`) URL:
 /// `redis-cluster://user:pw@h1:p1,h2:p2` gives `redis://user:pw@h1:p1`

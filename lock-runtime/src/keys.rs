@@ -5,7 +5,7 @@
 //! (`lock:{order:42}:fence`, `:queue`, `:waiters`) hashes to the same slot,
 //! so one Lua script may touch all of them on a cluster.
 
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 
 /// Longest lock name accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -88,25 +88,34 @@ impl std::fmt::Display for DerivedKey<'_> {
 /// The Redis key of the lock called `name`.
 pub(crate) fn lock_key(prefix: &str, name: &str) -> Result<String, LockError> {
     if name.is_empty() {
-        return Err(LockError::config(
-            "a lock key must not be empty: name the resource, e.g. `order:<id>`",
-        ));
+        return Err(ConfigError::InvalidName {
+            name: String::new(),
+            reason: "a lock name must not be empty: name the resource, e.g. `order:<id>`"
+                .to_owned(),
+        }
+        .into());
     }
     if name.len() > MAX_KEY_LEN {
-        return Err(LockError::config(format!(
-            "lock key `{}...` is {} bytes long; the limit is {MAX_KEY_LEN}: hash long inputs first",
-            name.chars().take(32).collect::<String>(),
-            name.len()
-        )));
+        return Err(ConfigError::InvalidName {
+            name: format!("{}...", name.chars().take(32).collect::<String>()),
+            reason: format!(
+                "{} bytes long; the limit is {MAX_KEY_LEN}: hash long inputs first",
+                name.len()
+            ),
+        }
+        .into());
     }
     if name.starts_with('}') {
         // `lock:{}x}` would carry an empty hash tag: Redis Cluster would then
         // hash the whole key, and keys derived from the same name could land
         // in different slots.
-        return Err(LockError::config(format!(
-            "lock key `{name}` starts with `}}`, which would break its Redis Cluster hash tag: \
-             start it with another character"
-        )));
+        return Err(ConfigError::InvalidName {
+            name: name.to_owned(),
+            reason: "it starts with `}`, which would break its Redis Cluster hash tag: start it \
+                     with another character"
+                .to_owned(),
+        }
+        .into());
     }
     // Built in one allocation: `format!` costs several times more on a path
     // taken for every lock and unlock.

@@ -33,7 +33,7 @@ mod token;
 pub mod __private;
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
-pub use error::{LockError, LostCause};
+pub use error::{ConfigError, LockError, LostCause};
 pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
 pub use fronts::rw_lock::RwLock;
 pub use fronts::semaphore::Semaphore;

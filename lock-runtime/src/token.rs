@@ -1,6 +1,6 @@
 //! Per-acquisition tokens.
 
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 
 /// A fresh token: 128 bits read from the operating system's random source
 /// (getrandom(2) on Linux) for every acquisition, as 32 hex digits. Never a
@@ -8,10 +8,8 @@ use crate::error::LockError;
 /// state is involved that a child process could share with its parent.
 pub(crate) fn new_token() -> Result<String, LockError> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|error| {
-        LockError::config(format!(
-            "the operating system's random source failed ({error}); no lock token can be made"
-        ))
+    getrandom::fill(&mut bytes).map_err(|error| ConfigError::NoRandomSource {
+        reason: error.to_string(),
     })?;
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut token = String::with_capacity(32);

@@ -39,7 +39,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::RedisBackend;
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
 pub(crate) struct QuorumBackend {
@@ -218,19 +218,21 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
         Box::pin(async move {
             if request.kind != Kind::Exclusive {
-                return Err(LockError::config(format!(
-                    "lock `{}`: read/write locks and semaphores are not available over a quorum \
-                     (RedLock) yet; use an exclusive lock",
-                    request.keys.name()
-                )));
+                return Err(ConfigError::Unsupported {
+                    name: request.keys.name().to_owned(),
+                    reason: "read/write locks and semaphores are not available over a quorum \
+                             (RedLock) yet; use an exclusive lock",
+                }
+                .into());
             }
             if drift(request.ttl_ms) * 2 >= Duration::from_millis(request.ttl_ms) {
-                return Err(LockError::config(format!(
-                    "lock `{}`: a ttl of {} ms is too short for a quorum (its validity is cut \
-                     by 1 % + 2 ms for clock drift): give at least 10 ms",
-                    request.keys.name(),
-                    request.ttl_ms
-                )));
+                return Err(ConfigError::InvalidTtl {
+                    name: request.keys.name().to_owned(),
+                    ttl: Duration::from_millis(request.ttl_ms),
+                    reason: "too short for a quorum (its validity is cut by 1 % + 2 ms for clock \
+                             drift): give at least 10 ms",
+                }
+                .into());
             }
             let started = Instant::now();
             // The value this attempt writes: the holder's token and a mark
@@ -430,10 +432,11 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<Pass, LockError>> {
         // Never asked: `passes_in_process` is false.
         Box::pin(async move {
-            Err(LockError::config(format!(
-                "lock `{}`: no in-process hand-off over a quorum",
-                keys.name()
-            )))
+            Err(ConfigError::Unsupported {
+                name: keys.name().to_owned(),
+                reason: "no in-process hand-off over a quorum",
+            }
+            .into())
         })
     }
 

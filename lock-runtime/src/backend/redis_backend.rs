@@ -278,7 +278,7 @@ impl Backend for RedisBackend {
             }
             // A failed release leaves the lock to its ttl.
             Err(LockError::NotReplicated {
-                key: request.keys.name().to_owned(),
+                name: request.keys.name().to_owned(),
                 confirmed,
                 wanted: ack.replicas,
                 timeout: Duration::from_millis(ack.timeout_ms),

@@ -8,7 +8,7 @@ use tracing::Instrument;
 
 use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::acquire::{Acquisition, Cohort, Representative, Settings};
 use crate::lease::guard::{LockGuard, OnLost};
@@ -326,28 +326,40 @@ impl Lock {
         let name = &self.name;
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         if ttl_ms == 0 || ttl_ms > MAX_DURATION_MS {
-            return Err(LockError::config(format!(
-                "lock `{name}` has a ttl of {:?}; it must be from 1 ms to a year (8760 h)",
-                self.ttl
-            )));
+            return Err(ConfigError::InvalidTtl {
+                name: name.to_string(),
+                ttl: self.ttl,
+                reason: "it must be from 1 ms to a year (8760 h)",
+            }
+            .into());
         }
         if self.renew && self.ttl < MIN_RENEWED_TTL {
-            return Err(LockError::config(format!(
-                "lock `{name}` is renewed with a ttl of {:?}; a renewed lock needs a ttl of at \
-                 least {MIN_RENEWED_TTL:?} (it is renewed every ttl/3, and its validity is the \
-                 ttl less a 1 % + 2 ms drift margin)",
-                self.ttl
-            )));
+            return Err(ConfigError::InvalidTtl {
+                name: name.to_string(),
+                ttl: self.ttl,
+                reason: "a renewed lock needs a ttl of at least `MIN_RENEWED_TTL`, 10 ms (it is \
+                         renewed every ttl/3, and its validity is the ttl less a 1 % + 2 ms \
+                         drift margin)",
+            }
+            .into());
         }
-        let in_range = |what: &str, value: Option<Duration>| match value {
+        let invalid = |option: &'static str, reason: String| -> LockError {
+            ConfigError::InvalidLockOption {
+                name: name.to_string(),
+                option,
+                reason,
+            }
+            .into()
+        };
+        let in_range = |option: &'static str, value: Option<Duration>| match value {
             Some(value)
                 if value < Duration::from_millis(1)
                     || value.as_millis() > u128::from(MAX_DURATION_MS) =>
             {
-                Err(LockError::config(format!(
-                    "lock `{name}` has a {what} of {value:?}; it must be from 1 ms to a year \
-                     (8760 h)"
-                )))
+                Err(invalid(
+                    option,
+                    format!("{value:?} is out of range: give it from 1 ms to a year (8760 h)"),
+                ))
             }
             _ => Ok(()),
         };
@@ -355,35 +367,52 @@ impl Lock {
         in_range("hold_at_least", self.hold_at_least)?;
         match self.kind {
             Kind::Read if self.hold_at_least.is_some() => {
-                return Err(LockError::config(format!(
-                    "read lock `{name}` sets hold_at_least, which only applies to an exclusive or \
-                    write lock (a kept read share would hold writers off): remove it"
-                )))
+                return Err(invalid(
+                    "hold_at_least",
+                    "it only applies to an exclusive or write lock (a kept read share would \
+                     hold writers off): remove it from the read lock"
+                        .to_owned(),
+                ))
             }
             Kind::Semaphore {
                 capacity, permits, ..
             } => {
                 if self.fencing || self.hold_at_least.is_some() {
-                    return Err(LockError::config(format!(
-                        "semaphore `{name}` sets fencing or hold_at_least, which only apply to \
-                        exclusive and read/write locks: remove them"
-                    )));
+                    let option = if self.fencing {
+                        "fencing"
+                    } else {
+                        "hold_at_least"
+                    };
+                    return Err(invalid(
+                        option,
+                        "fencing and hold_at_least only apply to exclusive and read/write \
+                         locks: remove them from the semaphore"
+                            .to_owned(),
+                    ));
                 }
                 if capacity == 0 || permits == 0 || permits > capacity {
-                    return Err(LockError::config(format!(
-                        "semaphore `{name}` has {capacity} permits and this call takes \
-                        {permits}: a semaphore needs at least 1 permit, and a call takes from \
-                        1 to all of them"
-                    )));
+                    return Err(invalid(
+                        "permits",
+                        format!(
+                            "the semaphore has {capacity} permits and this call takes \
+                             {permits}: a semaphore needs at least 1 permit, and a call takes \
+                             from 1 to all of them"
+                        ),
+                    ));
                 }
             }
             _ => {}
         }
         if !self.renew && (self.max_hold.is_some() || self.on_lost.is_some()) {
-            return Err(LockError::config(format!(
-                "lock `{name}` sets max_hold or on_lost without renew; they only apply to renewed \
-                 locks: add `.renew()`"
-            )));
+            let option = if self.max_hold.is_some() {
+                "max_hold"
+            } else {
+                "on_lost"
+            };
+            return Err(invalid(
+                option,
+                "max_hold and on_lost only apply to renewed locks: add `.renew()`".to_owned(),
+            ));
         }
         Ok(ttl_ms)
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::wait_for;
 use crate::backend::{retryable, Acquire, AcquireRequest, Kind};
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
 use crate::lease::guard::{LockGuard, OnLost};
@@ -173,48 +173,61 @@ impl Acquisition<'_> {
             // task's own share too: a deadlock (Redisson's upgrade). Under a
             // read entry of a write hold, it would run beside that entry's
             // sibling reads.
-            return Err(LockError::config(format!(
-                "lock `{}` is held for reading up this task's call chain, so it cannot be \
-                taken for writing here (the write would wait for this task's own read share \
-                forever): take the write lock before the read, or release the read first",
-                hold.name()
-            )));
+            return Err(ConfigError::Reentry {
+                name: hold.name().to_owned(),
+                reason: "it is held for reading, so it cannot be taken for writing here (the \
+                         write would wait for this task's own read share forever): take the \
+                         write lock before the read, or release the read first",
+            }
+            .into());
         }
         // A read entry (inside a read or a write hold) shares the scope with
         // other read entries; any other entry is alone in it.
         let entered = Entered::new(entry, settings.kind == Kind::Read);
         let missing = [
-            (settings.fencing && hold.fencing_token.is_none(), "fencing"),
-            (settings.renew && !hold.renewed, "renew"),
+            (
+                settings.fencing && hold.fencing_token.is_none(),
+                "this entry asks for `fencing`, but the outer holder took the lock without it: \
+                 a reentrant entry shares the outer hold, so add `fencing` to the outer lock too",
+            ),
+            (
+                settings.renew && !hold.renewed,
+                "this entry asks for `renew`, but the outer holder took the lock without it: \
+                 a reentrant entry shares the outer hold, so add `renew` to the outer lock too",
+            ),
             (
                 settings.hold_at_least.is_some() && hold.hold_at_least.is_none(),
-                "hold_at_least",
+                "this entry asks for `hold_at_least`, but the outer holder took the lock \
+                 without it: a reentrant entry shares the outer hold, so add `hold_at_least` to \
+                 the outer lock too",
             ),
         ];
-        if let Some((_, what)) = missing.iter().find(|(missing, _)| *missing) {
-            return Err(LockError::config(format!(
-                "lock `{}` asks for `{what}`, but its outer holder in this task took it without: \
-                 a reentrant entry shares the outer hold, so add `{what}` to the outer lock too",
-                hold.name()
-            )));
+        if let Some((_, reason)) = missing.iter().find(|(missing, _)| *missing) {
+            return Err(ConfigError::Reentry {
+                name: hold.name().to_owned(),
+                reason,
+            }
+            .into());
         }
         if !scope.try_enter(entered) {
-            let key = self.name.to_owned();
+            let name = self.name.to_owned();
             if scope.entered_by_guard() {
-                return Err(LockError::config(format!(
-                    "lock `{key}` is entered by a guard from `acquire()` in this task's call \
-                     chain, and this entry cannot tell whether it runs inside that guard (it \
-                     would wait for itself) or beside it: run nested code with \
-                     `guard.run(..)`, or release the guard first"
-                )));
+                return Err(ConfigError::Reentry {
+                    name,
+                    reason: "it is entered by a guard from `acquire()`, and this entry cannot \
+                             tell whether it runs inside that guard (it would wait for itself) \
+                             or beside it: run nested code with `guard.run(..)`, or release the \
+                             guard first",
+                }
+                .into());
             }
             let Some(wait) = self.settings.wait else {
-                return Err(LockError::Busy { key });
+                return Err(LockError::Busy { name });
             };
             let started = Instant::now();
             if !scope.enter(entered, wait).await {
                 return Err(LockError::WaitTimeout {
-                    key,
+                    name,
                     waited: started.elapsed(),
                 });
             }
@@ -222,7 +235,7 @@ impl Acquisition<'_> {
         let guard = LockGuard::reentrant(Arc::clone(scope), entered);
         if let Some(cause) = hold.lost_cause(Instant::now()) {
             return Err(LockError::Lost {
-                key: hold.name().to_owned(),
+                name: hold.name().to_owned(),
                 cause,
             }); // the guard gives the permit back
         }
@@ -278,7 +291,7 @@ impl Acquisition<'_> {
                 }
                 None => {
                     return Err(LockError::WaitTimeout {
-                        key: self.name.to_owned(),
+                        name: self.name.to_owned(),
                         waited: started.elapsed(),
                     })
                 }
@@ -293,7 +306,7 @@ impl Acquisition<'_> {
         match self.attempt(&mut unknown, "", false, respect).await? {
             Attempt::Acquired(fence, found) => Ok(unknown.acquired(fence, found)),
             Attempt::Busy(_) => Err(LockError::Busy {
-                key: self.name.to_owned(),
+                name: self.name.to_owned(),
             }),
         }
     }
@@ -364,7 +377,7 @@ impl Acquisition<'_> {
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(LockError::WaitTimeout {
-                    key: self.name.to_owned(),
+                    name: self.name.to_owned(),
                     waited: now - started,
                 });
             }

@@ -2,7 +2,7 @@
 //! under it.
 
 use crate::backend::Kind;
-use crate::error::{LockError, LostCause};
+use crate::error::{ConfigError, LockError, LostCause};
 use crate::lease::cohort::Next;
 use crate::lease::hold::Hold;
 use crate::lease::local_handoff::{next_step, pass_on, pass_to, DissolveOnDrop};
@@ -123,7 +123,7 @@ impl LockGuard {
             .map_err(|cause| {
                 self.hold().count_loss(cause);
                 LockError::Lost {
-                    key: self.hold().name().to_owned(),
+                    name: self.hold().name().to_owned(),
                     cause,
                 }
             })
@@ -187,7 +187,7 @@ impl LockGuard {
             // outlived it.
             return match self.hold().reported_loss() {
                 Some(LostCause::Released) => Err(LockError::Lost {
-                    key: self.hold().name().to_owned(),
+                    name: self.hold().name().to_owned(),
                     cause: LostCause::Released,
                 }),
                 _ => Ok(()),
@@ -210,14 +210,14 @@ impl LockGuard {
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
             Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
-                key: hold.name().to_owned(),
+                name: hold.name().to_owned(),
                 cause,
             }),
             // Lost by the clock (the holder was told and stopped): the key
             // may still hold our token, so delete it, and report the loss.
             Some(cause) => match release(&hold, false).await {
                 Ok(()) => Err(LockError::Lost {
-                    key: hold.name().to_owned(),
+                    name: hold.name().to_owned(),
                     cause,
                 }),
                 Err(error) => Err(error),
@@ -245,10 +245,10 @@ impl LockGuard {
                         })
                         .await
                         .unwrap_or_else(|_| {
-                            Err(LockError::config(
-                                "the hand-off task was cancelled (its runtime is shutting \
-                                 down); the lock frees itself when its ttl passes",
-                            ))
+                            Err(ConfigError::RuntimeShutDown {
+                                name: hold.name().to_owned(),
+                            }
+                            .into())
                         });
                     }
                     Next::Release => {
@@ -274,11 +274,11 @@ impl LockGuard {
                 spawn_release(Arc::clone(&hold), true);
                 result
             }
-            Err(LockError::Redis { key, source, .. }) => {
+            Err(LockError::Redis { name, source, .. }) => {
                 // Still ours, maybe: keep trying while it could be held.
                 spawn_release(hold, true);
                 Err(LockError::Redis {
-                    key,
+                    name,
                     operation: "release (retried in the background until the lock's ttl passes)",
                     source,
                 })

@@ -239,11 +239,11 @@ async fn pass_early(
             linger_after_pass(hold);
             Ok(())
         }
-        Err(LockError::Lost { key, cause }) => {
+        Err(LockError::Lost { name, cause }) => {
             next.mark_pass_refused();
             next.mark_lost(cause);
             linger_after_pass(hold);
-            Err(LockError::Lost { key, cause })
+            Err(LockError::Lost { name, cause })
         }
         Err(error) => {
             // No answer while `hold` was valid: by now its key has expired
@@ -341,7 +341,7 @@ async fn handoff(
 ) -> Result<(Option<u64>, bool), LockError> {
     let retention_ms = fencing.then(|| fence_retention_ms(ttl_ms));
     let lost = |cause| LockError::Lost {
-        key: hold.name().to_owned(),
+        name: hold.name().to_owned(),
         cause,
     };
     match hold

@@ -37,7 +37,7 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
             reply.found
         };
     let lost = |cause| LockError::Lost {
-        key: hold.name().to_owned(),
+        name: hold.name().to_owned(),
         cause,
     };
     match found {

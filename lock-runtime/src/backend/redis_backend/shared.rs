@@ -9,7 +9,7 @@ use crate::backend::scripts::{
     SEMAPHORE_RELEASE,
 };
 use crate::backend::{Acquire, AcquireRequest, Found, Kind};
-use crate::error::LockError;
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use redis::Cmd;
 use std::time::Duration;
@@ -35,20 +35,25 @@ impl RedisBackend {
         let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
         let name = request.keys.name();
         match (at(0), request.kind) {
-            (-3, Kind::Semaphore { capacity, .. }) => Err(LockError::config(format!(
-                "semaphore `{name}` is held with {} permits, but this call opens it with \
-                 {capacity}: every user of a semaphore must give the same number of permits \
-                 (it can change once nobody holds it)",
-                at(1)
-            ))),
+            (-3, Kind::Semaphore { capacity, .. }) => Err(ConfigError::PermitsMismatch {
+                name: name.to_owned(),
+                held: at(1).max(0) as u64,
+                asked: u64::from(capacity),
+            }
+            .into()),
             (
                 -4,
                 Kind::Semaphore {
                     capacity, permits, ..
                 },
-            ) => Err(LockError::config(format!(
-                "semaphore `{name}` has {capacity} permits; {permits} can never be taken at once"
-            ))),
+            ) => Err(ConfigError::InvalidLockOption {
+                name: name.to_owned(),
+                option: "permits",
+                reason: format!(
+                    "the semaphore has {capacity} permits; {permits} can never be taken at once"
+                ),
+            }
+            .into()),
             _ => Ok(rw_outcome(request, &reply)),
         }
     }

@@ -1,6 +1,10 @@
-//! The one error type of the crate.
+//! The one error type of the crate, and its configuration causes.
+
+mod config;
 
 use std::time::Duration;
+
+pub use config::ConfigError;
 
 /// Why a held lock is no longer held by its holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,22 +84,22 @@ impl std::fmt::Display for LostCause {
 pub enum LockError {
     /// The lock is held by another holder and no waiting was asked for.
     #[error(
-        "lock `{key}` is held by another holder; not acquired (set `wait` to wait for it \
+        "lock `{name}` is held by another holder; not acquired (set `wait` to wait for it \
          instead of giving up at once)"
     )]
     Busy {
-        /// The lock's key, as the caller wrote it.
-        key: String,
+        /// The lock's name, as the caller wrote it.
+        name: String,
     },
 
     /// The lock stayed busy for the whole `wait`.
     #[error(
-        "lock `{key}` stayed held by another holder for the whole wait of {waited:?}; not \
+        "lock `{name}` stayed held by another holder for the whole wait of {waited:?}; not \
          acquired (wait longer, or make the holder's critical section shorter)"
     )]
     WaitTimeout {
-        /// The lock's key, as the caller wrote it.
-        key: String,
+        /// The lock's name, as the caller wrote it.
+        name: String,
         /// How long the caller waited.
         waited: Duration,
     },
@@ -103,12 +107,12 @@ pub enum LockError {
     /// The holder no longer holds the lock: another holder may have run its
     /// critical section at the same time.
     #[error(
-        "lock `{key}` was lost: {cause}; another holder may have run at the same time (use a \
+        "lock `{name}` was lost: {cause}; another holder may have run at the same time (use a \
          longer ttl, `renew` for work that can outlast it, or a larger `max_hold`)"
     )]
     Lost {
-        /// The lock's key, as the caller wrote it.
-        key: String,
+        /// The lock's name, as the caller wrote it.
+        name: String,
         /// What Redis showed.
         cause: LostCause,
     },
@@ -116,15 +120,15 @@ pub enum LockError {
     /// Acknowledged mode: the primary took the lock, but fewer replicas than
     /// asked confirmed the write in time. The lock was given back.
     #[error(
-        "lock `{key}` was not acquired: {} of the {wanted} replicas asked for confirmed the \
+        "lock `{name}` was not acquired: {} of the {wanted} replicas asked for confirmed the \
          write within {timeout:?}, so a failover could lose it; it was given back (check the \
          replicas' health and lag, give a longer acknowledged timeout, or ask for fewer \
          replicas)",
         confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string())
     )]
     NotReplicated {
-        /// The lock's key, as the caller wrote it.
-        key: String,
+        /// The lock's name, as the caller wrote it.
+        name: String,
         /// How many replicas confirmed (`None`: unknown, after a retried call).
         confirmed: Option<u32>,
         /// How many were asked for.
@@ -135,12 +139,12 @@ pub enum LockError {
 
     /// Redis could not be reached or answered with an error.
     #[error(
-        "Redis {operation} for lock `{key}` failed: {source} ({})",
+        "Redis {operation} for lock `{name}` failed: {source} ({})",
         advice(source)
     )]
     Redis {
-        /// The lock's key, as the caller wrote it.
-        key: String,
+        /// The lock's name, as the caller wrote it.
+        name: String,
         /// What was being done: `acquire`, `release`, ...
         operation: &'static str,
         /// The error from the Redis client. Timeouts are I/O errors of kind `TimedOut`.
@@ -148,12 +152,16 @@ pub enum LockError {
         source: redis::RedisError,
     },
 
-    /// The client is not configured, or configured wrongly.
-    #[error("lock configuration error: {message}")]
-    Config {
-        /// What is wrong and how to fix it (never containing a password).
-        message: String,
-    },
+    /// The client, the lock or this entry into it is configured wrongly:
+    /// refused before any Redis call. The [`ConfigError`] says which cause.
+    #[error("lock configuration error: {0}")]
+    Config(ConfigError),
+}
+
+impl From<ConfigError> for LockError {
+    fn from(error: ConfigError) -> Self {
+        LockError::Config(error)
+    }
 }
 
 impl LockError {
@@ -168,15 +176,9 @@ impl LockError {
         matches!(self, LockError::Lost { .. })
     }
 
-    pub(crate) fn config(message: impl Into<String>) -> Self {
-        LockError::Config {
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn redis(key: &str, operation: &'static str, source: redis::RedisError) -> Self {
+    pub(crate) fn redis(name: &str, operation: &'static str, source: redis::RedisError) -> Self {
         LockError::Redis {
-            key: key.to_owned(),
+            name: name.to_owned(),
             operation,
             source,
         }
