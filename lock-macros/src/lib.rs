@@ -5,6 +5,8 @@
 //! function's signature, then hands the body, unchanged, to
 //! `lock_runtime::__private::run`. Everything that runs lives in `lock_runtime`.
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod args;
 mod duration;
 mod expand;
@@ -15,70 +17,148 @@ use proc_macro::TokenStream;
 
 /// Runs the body of an `async fn` under a Redis distributed lock.
 ///
-/// ```ignore
-/// #[distributed_lock(key = "lottery:<date>", ttl = "10s", wait = "2s")]
-/// async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> { ... }
+/// Use it through `lock_runtime` (`use lock_runtime::distributed_lock;`). It goes on an
+/// `async fn`: a free function, or a method taking `&self`, `&mut self` or `self` (in an `impl`
+/// or a trait impl). The body is kept as written and handed to one runtime function,
+/// `lock_runtime::__private::run`, which takes the lock, runs the body, and releases it.
+///
+/// When the lock is not acquired, the body does not run and the function returns
+/// `Err(E::from(LockError))` for `Result<T, E>` (any path ending in `Result`), `None` for
+/// `Option<T>`, and nothing for `()` (the reason is logged with `tracing`).
+///
+/// # Arguments
+///
+/// Every argument is checked at compile time: a misspelt name, a malformed duration, an unknown
+/// placeholder or two arguments that cannot go together is a compile error pointing at it.
+///
+/// **`key = "..."`** (required): the lock's name. `<name>` is replaced by the `Display` of a
+/// parameter, of a name a parameter's pattern binds, or of a field path under one
+/// (`<order.id>`, `<self.shard>`, `<pair.0>`):
+///
+/// ```rust,no_run
+/// use lock_runtime::{distributed_lock, LockError};
+///
+/// struct Order { id: u64, shop: u32 }
+///
+/// #[distributed_lock(key = "order:<order.shop>:<order.id>")]
+/// async fn settle(order: Order) -> Result<(), LockError> { Ok(()) }
+///
+/// #[distributed_lock(key = "pair:<a>-<b>")]
+/// async fn swap((a, b): (u32, u32)) -> Result<(), LockError> { Ok(()) }
 /// ```
 ///
-/// - `key` (required): the lock's name; `<name>` and `<name.field>` are
-///   replaced by the `Display` of a parameter, or of a name a parameter's
-///   pattern binds (`id` in `Path(id): Path<u64>`, `a` in `(a, b): (u8, u8)`,
-///   `order_id` in `Order { id: order_id, .. }: Order`).
-/// - `ttl` (default 30 s, at most a year, `"8760h"`): how long the lock lives
-///   if never released; with `renew`, at least `"10ms"`.
-/// - `wait` (default: none): how long to wait for a busy lock; without it a
-///   busy lock is not waited for.
-/// - `renew` (flag): keep the lock for as long as the body runs; the body is
-///   stopped if the lock is lost.
-/// - `max_hold` (with `renew`, at most a year): stop renewing after this long.
-/// - `on_lost = "stop" | "continue"` (with `renew`, default `"stop"`).
-/// - `fair` (flag): waiters get the lock in arrival order.
-/// - `fencing` (flag): issue a fencing token with each acquisition,
-///   `current().unwrap().fencing_token()` in the body.
-/// - `hold_at_least` (default: none, at most a year): keep the lock at least
-///   this long after acquiring it, even if the body ends sooner.
-/// - `read` / `write` (flags): take the read side (shared with other
-///   readers) or the write side (alone) of a `lock_runtime::RwLock` of this
-///   key instead of an exclusive lock. Not both; `hold_at_least` only with
-///   `write`. A `read` fn called inside a `write` fn on the same key enters
-///   at once; a `write` inside a `read` fails with `LockError::Config`.
-/// - `permits = N` (an integer literal, 1 to `u32::MAX`): take one permit of
-///   a `lock_runtime::Semaphore` of N permits: at most N bodies run at once.
-///   Not with `read` or `write`; no `fencing` or `hold_at_least` (a
-///   semaphore has several holders at once).
-/// - `client = <expr>` (default: the process-wide client): an expression, not
-///   a string, for the `lock_runtime::Client` to use: a `Client`, `&Client`,
-///   `Arc<Client>` (anything `AsRef<Client>`). Evaluated in the function's
-///   scope before the body, borrowed and cloned: the body can still use what
-///   it names (`client = app.locks`, `client = self.locks`,
-///   `client = &state.client`).
-/// - `crate = "path"` (default `"::lock_runtime"`): where `lock_runtime` is
-///   reachable, for a crate that re-exports it (`crate = "my_service::locks"`).
+/// **`ttl = "10s"`** (default 30 s; from 1 ms to a year, `"8760h"`; at least `"10ms"` with
+/// `renew`): how long the lock lives if its holder never releases it. Units `ms`, `s`, `m`, `h`,
+/// combinable (`"1m30s"`):
 ///
-/// An axum-style handler, its extractors destructured, locking with the
-/// application's client:
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "lottery:<date>", ttl = "10s")]
+/// async fn draw(date: &str) -> Result<(), LockError> { Ok(()) }
+/// ```
 ///
-/// ```ignore
-/// #[distributed_lock(key = "order:<id>", wait = "2s", client = app.locks)]
-/// async fn settle(
-///     State(app): State<App>,
-///     Path(id): Path<u64>,
-/// ) -> Result<Json<Receipt>, ApiError> {
-///     Ok(Json(app.payments.settle(id).await?))
+/// **`wait = "2s"`** (default: none): how long to wait for a busy lock (woken by the release,
+/// not by polling). Without it a busy lock gives `LockError::Busy` at once:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "order:<id>", wait = "2s")]
+/// async fn pay(id: u64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`renew`** (flag): keep the lock for as long as the body runs (renewed every ttl/3); the
+/// body is stopped if the lock is lost. **`max_hold = "10m"`** (with `renew`, at most a year)
+/// stops renewing after that long; **`on_lost = "stop" | "continue"`** (with `renew`, default
+/// `"stop"`) says what a lost lock does to the body:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "report:<day>", ttl = "10s", renew, max_hold = "10m", on_lost = "stop")]
+/// async fn report(day: u32) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`fair`** (flag): waiters get the lock strictly in arrival order:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "queue:<name>", wait = "5s", fair)]
+/// async fn next(name: &str) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`fencing`** (flag): a fencing token with each acquisition, strictly larger than every
+/// earlier one for the key, read in the body:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "invoice:<id>", fencing)]
+/// async fn bill(id: u64) -> Result<u64, LockError> {
+///     Ok(lock_runtime::current().unwrap().fencing_token().unwrap())
 /// }
 /// ```
 ///
-/// Through a re-export (`pub use lock_runtime as locks;` in `my_service`):
+/// **`hold_at_least = "60s"`** (default: none, at most a year): keep the lock at least this long
+/// after acquiring it, even if the body ends sooner (a fast scheduled job does not run twice):
 ///
-/// ```ignore
-/// #[my_service::locks::distributed_lock(key = "report:<day>", crate = "my_service::locks")]
-/// async fn build_report(day: u32) { ... }
+/// ```rust,no_run
+/// # use lock_runtime::distributed_lock;
+/// #[distributed_lock(key = "noon-job", ttl = "2m", hold_at_least = "60s")]
+/// async fn noon_job() {}
 /// ```
 ///
-/// When the lock is not acquired, the body does not run and the function
-/// returns `Err(E::from(LockError))` for `Result<T, E>`, `None` for
-/// `Option<T>`, and nothing for `()` (the reason is logged with `tracing`).
-/// See the `lock_runtime` crate for the full documentation.
+/// **`read`** / **`write`** (flags): the read side (shared with other readers) or the write
+/// side (alone) of a `lock_runtime::RwLock` of this key. Not both; `hold_at_least` only with
+/// `write`. A `read` fn called inside a `write` fn on the same key enters at once; a `write`
+/// inside a `read` fails with `LockError::Config`:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "prices:<shop>", wait = "2s", read)]
+/// async fn quote(shop: u64) -> Result<u64, LockError> { Ok(1) }
+///
+/// #[distributed_lock(key = "prices:<shop>", wait = "10s", write)]
+/// async fn reprice(shop: u64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`permits = N`** (an integer literal, 1 to `u32::MAX`): one permit of a
+/// `lock_runtime::Semaphore` of N permits: at most N bodies run at once. Not with `read` or
+/// `write`; no `fencing` or `hold_at_least`:
+///
+/// ```rust,no_run
+/// # use lock_runtime::{distributed_lock, LockError};
+/// #[distributed_lock(key = "exports", permits = 4, wait = "1m")]
+/// async fn export(report: u64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// **`client = <expr>`** (default: the process-wide client): an expression, not a string, for
+/// the `lock_runtime::Client` to use (`Client`, `&Client`, `Arc<Client>`: anything
+/// `AsRef<Client>`), evaluated in the function's scope before the body, borrowed and cloned, so
+/// the body can still use what it names. An axum-style handler, its extractors destructured:
+///
+/// ```rust,no_run
+/// use axum::extract::{Path, State};
+/// use lock_runtime::{distributed_lock, Client, LockError};
+///
+/// #[derive(Clone)]
+/// struct App { locks: Client }
+///
+/// #[distributed_lock(key = "order:<id>", wait = "2s", client = app.locks)]
+/// async fn settle(State(app): State<App>, Path(id): Path<u64>) -> Result<String, LockError> {
+///     Ok(format!("order {id} settled"))
+/// }
+///
+/// struct Shard { locks: Client, shard: u32 }
+///
+/// impl Shard {
+///     #[distributed_lock(key = "shard:<self.shard>", client = self.locks)]
+///     async fn compact(&self) -> Result<(), LockError> { Ok(()) }
+/// }
+/// ```
+///
+/// **`crate = "path"`** (default `"::lock_runtime"`): where `lock_runtime` is reachable, for a
+/// crate that re-exports it (`pub use lock_runtime as locks;` in `my_service`, then
+/// `#[my_service::locks::distributed_lock(key = "...", crate = "my_service::locks")]`).
+///
+/// See the `lock_runtime` crate for the whole documentation.
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::expand(args.into(), item.into()).into()

@@ -120,6 +120,11 @@ impl Config {
     }
 
     /// A configuration from the `REDIS_URL` environment variable.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NoUrl`] when `REDIS_URL` is unset or blank. The URL
+    /// itself is checked by [`Client::new`].
     pub fn from_env() -> Result<Self, LockError> {
         match std::env::var(REDIS_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => Ok(Config::new(url)),
@@ -301,6 +306,14 @@ impl fmt::Debug for Client {
 impl Client {
     /// Builds a client. The connection is opened on first use, so this only
     /// fails on a malformed URL. Must be called inside a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`]: a malformed URL ([`ConfigError::InvalidUrl`]),
+    /// `rediss://` without TLS built in ([`ConfigError::TlsNotBuiltIn`]), an
+    /// option out of range ([`ConfigError::InvalidClientOption`]), or no Tokio
+    /// runtime ([`ConfigError::NoRuntime`]). Never a Redis error: nothing is
+    /// sent yet.
     pub fn new(config: Config) -> Result<Self, LockError> {
         let seeds = config.parse_urls()?;
         config.check()?;
@@ -446,13 +459,22 @@ static GLOBAL_CLIENTS: LazyLock<Mutex<Vec<(tokio::runtime::Id, Client)>>> =
 /// Configures the process-wide client with the Redis at `url`.
 ///
 /// Call it once at start-up, before the first lock is taken. Without it, the
-/// first lock reads `REDIS_URL`. Fails on a malformed URL, or when the client
-/// was already configured.
+/// first lock reads `REDIS_URL`.
+///
+/// # Errors
+///
+/// [`LockError::Config`]: a malformed URL, or [`ConfigError::LateInit`] when
+/// the process-wide client was already configured or already in use.
 pub fn init(url: impl Into<String>) -> Result<(), LockError> {
     init_with(Config::new(url))
 }
 
 /// Configures the process-wide client with a full [`Config`].
+///
+/// # Errors
+///
+/// As [`init`], and an option out of range
+/// ([`ConfigError::InvalidClientOption`]).
 pub fn init_with(config: Config) -> Result<(), LockError> {
     config.parse_urls()?;
     config.check()?;
@@ -483,6 +505,11 @@ fn global_clients() -> MutexGuard<'static, Vec<(tokio::runtime::Id, Client)>> {
 /// runtime's client is dropped when the runtime shuts down, so a program (or
 /// a test suite) that creates runtime after runtime does not accumulate
 /// connections or file descriptors.
+///
+/// # Errors
+///
+/// [`ConfigError::NoRuntime`] outside a Tokio runtime; [`ConfigError::NoUrl`]
+/// without [`init`] or `REDIS_URL`; the errors of [`Client::new`].
 pub fn global_client() -> Result<Client, LockError> {
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| ConfigError::NoRuntime)?;
     let id = runtime.id();

@@ -1,19 +1,6 @@
-//! A Redis distributed lock for async Rust.
-//!
-//! ```no_run
-//! use lock_runtime::{distributed_lock, LockError};
-//!
-//! #[distributed_lock(key = "lottery:<date>", ttl = "10s")]
-//! async fn draw_lottery(date: String) -> Result<Vec<u64>, LockError> {
-//!     // Runs in at most one process at a time for a given date; the other
-//!     // callers get Err(LockError::Busy) without running it.
-//!     Ok(vec![7, 42])
-//! }
-//! ```
-//!
-//! The attribute and the manual API ([`Lock`]) share one implementation: see
-//! the README for every argument, and `docs/design.md` for the Redis layout,
-//! the scripts and the failure cases they handle.
+// The README is the crate's front page: its examples compile as doctests.
+#![doc = include_str!("../../README.md")]
+#![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
 // Layers, each using only those below it: the public fronts (`fronts`:
 // `Lock`, its guard), the client, the lease machinery every lock kind shares

@@ -191,6 +191,25 @@ impl Lock {
     /// this succeeds at once with a guard that shares the outer hold: its
     /// release does nothing, and the lock is released when the outermost
     /// holder exits.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Busy`]: held by another holder and no `wait` was set;
+    ///   [`LockError::WaitTimeout`]: still held when the wait ran out.
+    /// - [`LockError::Redis`]: Redis unreachable or failing (for a waiter, only
+    ///   once its wait is over: it keeps trying meanwhile).
+    /// - [`LockError::NotReplicated`]: acknowledged mode, replicas did not
+    ///   confirm in time (the lock was given back).
+    /// - [`LockError::Lost`]: a reentrant entry whose outer hold was lost.
+    /// - [`LockError::Config`]: a setting out of range or a reentrant entry
+    ///   that cannot share the outer hold ([`ConfigError`](crate::ConfigError)),
+    ///   before anything is sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves no lock behind: an attempt in flight whose
+    /// outcome is unknown is released in the background, and a waiter's place
+    /// in the queue is given up.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         self.traced(self.take(Entry::Guard)).await
     }
@@ -289,6 +308,15 @@ impl Lock {
 
     /// Takes the lock if it is free, in one round trip; never waits.
     /// Reentrant like [`acquire`](Lock::acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Lock::acquire) without a wait: [`LockError::Busy`] when
+    /// another holder has it, [`LockError::Redis`], [`LockError::Config`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Lock::acquire): a dropped attempt leaves no lock behind.
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         self.traced(async {
             let acquisition = self.prepare()?;
@@ -311,6 +339,17 @@ impl Lock {
     /// a finished body finds the lock already lost (a body that outlived an
     /// unrenewed ttl), the body's output is still returned, since its work is
     /// done, and the loss is logged at error level.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`acquire`](Lock::acquire) (the body did not run), and
+    /// [`LockError::Lost`] when a renewed lock was lost while the body ran
+    /// (with [`OnLost::Stop`](crate::OnLost::Stop) the body was stopped).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the body where it stands and releases the
+    /// lock in the background (renewals stop first).
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let guard = self.traced(self.take(Entry::Body)).await?;
         let output = guard.run(body).await?;

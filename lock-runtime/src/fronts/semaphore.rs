@@ -70,27 +70,71 @@ impl Semaphore {
 
     /// Takes one permit: at once when no `wait` was set, else waiting
     /// until the wait runs out, woken by releases.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`]; [`ConfigError::PermitsMismatch`](crate::ConfigError::PermitsMismatch)
+    /// when its holders opened the semaphore with another number of permits.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::acquire`]: a dropped attempt leaves no permit taken.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         self.lock.acquire().await
     }
 
     /// Takes `permits` permits in one atomic step (all or none).
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`]; [`ConfigError::PermitsMismatch`](crate::ConfigError::PermitsMismatch)
+    /// when its holders opened the semaphore with another number of permits.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::acquire`]: a dropped attempt leaves no permit taken.
     pub async fn acquire_many(&self, permits: u32) -> Result<LockGuard, LockError> {
         self.take(permits).acquire().await
     }
 
     /// Takes one permit if one is free, in one round trip; never waits.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`]; [`ConfigError::PermitsMismatch`](crate::ConfigError::PermitsMismatch)
+    /// when its holders opened the semaphore with another number of permits.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::acquire`]: a dropped attempt leaves no permit taken.
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
         self.lock.try_acquire().await
     }
 
     /// Takes `permits` permits if they are free, in one round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::acquire`]; [`ConfigError::PermitsMismatch`](crate::ConfigError::PermitsMismatch)
+    /// when its holders opened the semaphore with another number of permits.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::acquire`]: a dropped attempt leaves no permit taken.
     pub async fn try_acquire_many(&self, permits: u32) -> Result<LockGuard, LockError> {
         self.take(permits).try_acquire().await
     }
 
     /// Runs `body` holding one permit, then gives it back: what
     /// `#[distributed_lock(permits = N)]` does. See [`Lock::run`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::run`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Lock::run`]: the body is dropped and the permit given back.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         self.lock.run(body).await
     }

@@ -105,6 +105,14 @@ impl LockGuard {
     /// as soon as the lock is lost (a renewal found it gone, or its validity
     /// ran out without a confirmed renewal) and this returns
     /// [`LockError::Lost`]. Otherwise `body` runs to its end.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Lost`] when the lock was lost and `body` stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `body`; the guard, and the lock, stay held.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let hold = Arc::clone(self.hold());
         let stop_on_loss = hold.stop_on_loss;
@@ -131,6 +139,10 @@ impl LockGuard {
 
     /// Waits until the lock is lost (never returns while it is held). For a
     /// `select!` against other work.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only watches; dropping it changes nothing.
     pub async fn lost(&self) -> LostCause {
         match watch(
             Arc::clone(self.hold()),
@@ -153,6 +165,16 @@ impl LockGuard {
     /// future is dropped before it completes, the guard is dropped with it
     /// and the release goes on in the background: a cancelled release never
     /// leaves the lock held until its ttl.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Lost`]: the key had expired or was another holder's.
+    /// - [`LockError::Redis`]: Redis did not confirm the release; it goes on
+    ///   in the background for as long as the lock could still be held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped release still releases, in the background.
     pub async fn release(self) -> Result<(), LockError> {
         let span = tracing::info_span!(
             "lock.release",
