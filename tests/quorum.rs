@@ -590,6 +590,44 @@ async fn a_fenced_acquisition_is_not_held_up_by_a_stopped_minority() {
     });
 }
 
+/// A fenced attempt on a busy lock runs the acquire script, whose queue
+/// bookkeeping must leave a quorum holder's value as it is: `<token>|q<mark
+/// of its attempt>`. Rewritten to the bare token (as a stale wake mark is on
+/// one server), a failed attempt's give-back, which deletes only its own
+/// attempt's value, would find nothing to delete and leave the node held
+/// by nobody until the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_fenced_attempt_leaves_the_holders_value_alone() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let holder = quorum_client(&nodes);
+    let other = quorum_client(&nodes);
+    let held = Lock::new("marked")
+        .ttl(Duration::from_secs(10))
+        .client(holder)
+        .try_acquire()
+        .await
+        .unwrap();
+    let before: Vec<Option<String>> = nodes
+        .iter()
+        .map(|node| get(node, "lock:{marked}"))
+        .collect();
+    assert!(before.iter().all(|value| value
+        .as_deref()
+        .is_some_and(|value| value.starts_with(&format!("{}|q", held.token())))));
+    let busy = Lock::new("marked")
+        .fencing()
+        .client(other)
+        .try_acquire()
+        .await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+    let after: Vec<Option<String>> = nodes
+        .iter()
+        .map(|node| get(node, "lock:{marked}"))
+        .collect();
+    assert_eq!(after, before, "the holder's value was rewritten");
+    held.release().await.unwrap();
+}
+
 /// `redis-quorum://h1,h2,h3/3`: the database number is part of each node's
 /// URL (as in `redis://h/3`): the locks go to database 3, not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
