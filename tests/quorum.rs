@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{Client, Config, Lock, LockError};
+use lock_runtime::{Client, Config, ConfigError, Lock, LockError};
 
 /// The value of `key` on `node`, if any.
 fn get(node: &RedisServer, key: &str) -> Option<String> {
@@ -626,6 +626,134 @@ async fn a_busy_fenced_attempt_leaves_the_holders_value_alone() {
         .collect();
     assert_eq!(after, before, "the holder's value was rewritten");
     held.release().await.unwrap();
+}
+
+/// Waiters over a quorum are woken by the release: each waiter queues on
+/// every node, and each node's release wakes the first waiter queued there.
+/// A holder that releases and asks again at once (in the same task, so its
+/// attempt goes out before the woken waiter's) lets the waiter it woke go
+/// first: its first attempt respects the queues, instead of snatching the
+/// lock back while the waiter sleeps its retry pause. Five times in a row,
+/// the waiter gets the lock; and the winner leaves no stale place in any
+/// node's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let (first, second) = (quorum_client(&nodes), quorum_client(&nodes));
+    let lock = |client: &Client| {
+        Lock::new("woken")
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(5))
+            .client(client.clone())
+    };
+    let queued = |length: &'static str| {
+        let nodes = &nodes;
+        move || {
+            nodes
+                .iter()
+                .all(|node| redis(node, &["LLEN", "lock:{woken}:queue"]) == length)
+        }
+    };
+    let mut holder = lock(&first).acquire().await.unwrap();
+    let (mut holding, mut waiting) = (&first, &second);
+    for round in 0..5 {
+        let waiter = {
+            let lock = lock(waiting);
+            tokio::spawn(async move { lock.acquire().await })
+        };
+        wait_until_async(
+            "the waiter is queued on every node",
+            LINE_TIMEOUT,
+            queued(":1\r\n"),
+        )
+        .await;
+        holder.release().await.unwrap();
+        let asking_again = lock(holding);
+        let again = asking_again.acquire();
+        tokio::pin!(again);
+        let got = tokio::select! {
+            biased;
+            _ = &mut again => panic!("round {round}: the releasing client took the lock back first"),
+            got = tokio::time::timeout(LINE_TIMEOUT, waiter) => got,
+        };
+        holder = got
+            .expect("the woken waiter got an answer")
+            .unwrap()
+            .unwrap_or_else(|error| panic!("round {round}: the waiter failed: {error}"));
+        // The old holder now waits behind the new one, queued on every node.
+        std::mem::swap(&mut holding, &mut waiting);
+        holder.release().await.unwrap();
+        holder = tokio::time::timeout(LINE_TIMEOUT, again)
+            .await
+            .unwrap()
+            .unwrap();
+        std::mem::swap(&mut holding, &mut waiting);
+        wait_until_async(
+            "no place is left in any queue",
+            LINE_TIMEOUT,
+            queued(":0\r\n"),
+        )
+        .await;
+    }
+    holder.release().await.unwrap();
+}
+
+/// A waiter that gives up leaves the queue on every node at once (not when
+/// its place times out), so releases do not wake a waiter that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_every_nodes_queue() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let held = Lock::new("gone")
+        .client(quorum_client(&nodes))
+        .try_acquire()
+        .await
+        .unwrap();
+    let waited = Lock::new("gone")
+        .wait(Duration::from_millis(300))
+        .client(client)
+        .acquire()
+        .await;
+    assert!(
+        matches!(waited, Err(LockError::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    // Its place would last 2 s (the refresh deadline) if it did not leave.
+    let left = Instant::now();
+    wait_until_async(
+        "every node's queue is empty",
+        Duration::from_secs(1),
+        || {
+            nodes
+                .iter()
+                .all(|node| redis(node, &["LLEN", "lock:{gone}:queue"]) == ":0\r\n")
+        },
+    )
+    .await;
+    assert!(left.elapsed() < Duration::from_secs(1));
+    drop(held);
+}
+
+/// `fair` is refused over a quorum (a configuration error naming the lock,
+/// before anything is sent): the nodes' queues need not agree on who is
+/// first, so serving each node's first waiter could leave nobody a majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_is_refused_over_a_quorum() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let result = Lock::new("fair")
+        .fair()
+        .wait(Duration::from_secs(1))
+        .client(quorum_client(&nodes))
+        .acquire()
+        .await;
+    match result {
+        Err(LockError::Config(ConfigError::Unsupported { name, reason })) => {
+            assert_eq!(name, "fair");
+            assert!(reason.contains("fair"), "{reason}");
+        }
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    assert!(nodes.iter().all(|node| get(node, "lock:{fair}").is_none()));
 }
 
 /// `redis-quorum://h1,h2,h3/3`: the database number is part of each node's

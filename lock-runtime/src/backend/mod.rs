@@ -92,6 +92,9 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) join: bool,
     /// Take a free lock only when nobody queued is ahead of the caller.
     pub(crate) respect: bool,
+    /// The lock is `fair`: `respect` on every attempt (else only right after
+    /// this client handed the lock to a waiter).
+    pub(crate) fair: bool,
     /// An earlier attempt with this token got no answer: if the lock holds
     /// the token, that attempt took it.
     pub(crate) mine: bool,

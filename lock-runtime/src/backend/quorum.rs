@@ -26,8 +26,13 @@
 //!   a renewal extends, it never re-creates.
 //! - **Release**: on every node; reported as lost if a majority no longer
 //!   held it.
-//! - **Waiting**: no queue in Redis; waiters try again after a random pause
-//!   (20-120 ms), so they do not all come at once.
+//! - **Waiting**: a waiter queues on every node and is woken by the release
+//!   (`quorum_release.lua` wakes the first waiter queued on each node; the
+//!   client listens on one node); it also tries again after a random pause
+//!   (20-120 ms), so waiters do not all come at once. Not served in queue
+//!   order (`fair` is refused: the nodes' queues need not agree); a client
+//!   that just woke a waiter defers to it once, for a head start. A winner
+//!   leaves the queues of the nodes that did not grant it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +57,11 @@ pub(crate) struct QuorumBackend {
 
 /// The least time between two warnings about one node.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a client that just woke a waiter, and deferred to it, waits
+/// before it tries again without deferring (it is woken sooner by the next
+/// release): the woken waiter's head start.
+const WOKEN_WAITER_HEAD_START: Duration = Duration::from_millis(200);
 
 /// The pause range between a waiter's attempts, in ms.
 const RETRY_JITTER_MS: (u64, u64) = (20, 120);
@@ -148,6 +158,26 @@ impl QuorumBackend {
         raised
     }
 
+    /// A waiter that won on a majority leaves the queue on the nodes that
+    /// did not grant it (in the background), so that their releases wake
+    /// the next waiter, not one that holds the lock.
+    fn leave_elsewhere(&self, request: &AcquireRequest<'_>, granting: &[bool]) {
+        if !request.join || granting.iter().all(|granted| *granted) {
+            return;
+        }
+        let others: Vec<usize> = (0..granting.len()).filter(|&i| !granting[i]).collect();
+        let (nodes, keys) = (Arc::clone(&self.nodes), request.keys.clone());
+        let (kind, member) = (request.kind, request.member.to_owned());
+        tokio::spawn(async move {
+            join_all(
+                others
+                    .iter()
+                    .map(|&node| nodes[node].leave(kind, &keys, &member)),
+            )
+            .await;
+        });
+    }
+
     /// Gives the attempt's value back on every node, in the background
     /// (each release within its call deadline).
     fn give_back(&self, keys: &LockKeys, value: String) {
@@ -225,6 +255,15 @@ impl Backend for QuorumBackend {
                 }
                 .into());
             }
+            if request.fair {
+                return Err(ConfigError::Unsupported {
+                    name: request.keys.name().to_owned(),
+                    reason: "`fair` is not available over a quorum (RedLock): the nodes' queues \
+                             need not agree on who is first, and serving each node's first \
+                             waiter could leave nobody with a majority; drop `fair`",
+                }
+                .into());
+            }
             if drift(request.ttl_ms) * 2 >= Duration::from_millis(request.ttl_ms) {
                 return Err(ConfigError::InvalidTtl {
                     name: request.keys.name().to_owned(),
@@ -243,11 +282,16 @@ impl Backend for QuorumBackend {
             // replaced, a node that was stalled) cannot delete a later
             // attempt's grant of the same holder.
             let attempt = format!("{}|q{}", request.token, attempt_mark());
-            // No queue over a quorum: waiters retry after a random pause.
+            // A waiter queues on every node (`join`), so that the release
+            // on any node can wake it, and also retries after a random
+            // pause. Waiters are not served in queue order (no `fair`: the
+            // nodes' queues need not agree, and waiting for each node's
+            // head could leave nobody a majority); only a client that just
+            // woke a waiter lets queued waiters go first, on its first
+            // attempt (`respect`), so that it does not snatch the lock back.
+            // Waiters themselves never defer, so someone always proceeds.
             let node_request = AcquireRequest {
                 token: &attempt,
-                join: false,
-                respect: false,
                 ..request
             };
             let timeout = node_timeout(request.ttl_ms, self.deadline);
@@ -269,6 +313,7 @@ impl Backend for QuorumBackend {
             let mut fence: Option<u64> = None;
             let mut error = None;
             let mut failed = Vec::new();
+            let mut granting = vec![false; nodes];
             while let Some((node, answer)) = pending.next().await {
                 if !matches!(answer, Some(Ok(_))) {
                     failed.push(node);
@@ -277,6 +322,7 @@ impl Backend for QuorumBackend {
                     Some(Ok(Acquire::Acquired {
                         fence: node_fence, ..
                     })) => {
+                        granting[node] = true;
                         granted += 1;
                         fence = fence.max(node_fence);
                     }
@@ -311,6 +357,7 @@ impl Backend for QuorumBackend {
                             Some(Ok(Acquire::Acquired {
                                 fence: node_fence, ..
                             })) => {
+                                granting[node] = true;
                                 fence = fence.max(node_fence);
                             }
                             _ => failed.push(node),
@@ -326,6 +373,7 @@ impl Backend for QuorumBackend {
                 for &node in &failed {
                     self.node_failed(node, "lock acquisition");
                 }
+                self.leave_elsewhere(&request, &granting);
                 let Some(token) = fence else {
                     return Ok(Acquire::Acquired {
                         fence: None,
@@ -351,8 +399,15 @@ impl Backend for QuorumBackend {
             // connection; the next attempt writes another value).
             self.give_back(request.keys, attempt);
             if busy {
+                // A client that just woke a waiter (`respect`) gives it time
+                // to take the lock before trying again without deferring.
+                let pause = if request.respect {
+                    WOKEN_WAITER_HEAD_START + jitter()
+                } else {
+                    jitter()
+                };
                 return Ok(Acquire::Busy {
-                    expires_in: Some(jitter()),
+                    expires_in: Some(pause),
                 });
             }
             // No node answered busy: the ones that answered granted it.
@@ -369,13 +424,20 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<Release, LockError>> {
         Box::pin(async move {
             let sent_at = Instant::now();
+            // An exclusive lock's release wakes the first waiter queued on
+            // each node (`hold_at_least` keeps the key: nobody to wake).
+            let waking = kind == Kind::Exclusive && keep_ms == 0;
             let answers = self
-                .on_all(self.deadline, |node| {
-                    node.release(kind, keys, token, keep_ms)
+                .on_all(self.deadline, |node| async move {
+                    if waking {
+                        node.release_waking(keys, token).await
+                    } else {
+                        node.release(kind, keys, token, keep_ms).await
+                    }
                 })
                 .await;
             let (mut mine, mut other, mut answered) = (0, false, 0);
-            let mut retried = false;
+            let (mut retried, mut woke) = (false, false);
             let mut failed = Vec::new();
             for (node, answer) in answers.into_iter().enumerate() {
                 let Some(Ok(release)) = answer else {
@@ -384,6 +446,7 @@ impl Backend for QuorumBackend {
                 };
                 answered += 1;
                 retried |= release.retried;
+                woke |= release.woke;
                 match release.found {
                     Found::Mine => mine += 1,
                     Found::Other => other = true,
@@ -405,7 +468,7 @@ impl Backend for QuorumBackend {
             };
             Ok(Release {
                 found,
-                woke: false,
+                woke,
                 retried,
                 sent_at,
             })
@@ -414,12 +477,17 @@ impl Backend for QuorumBackend {
 
     fn leave<'a>(
         &'a self,
-        _kind: Kind,
-        _keys: &'a LockKeys,
-        _member: &'a str,
+        kind: Kind,
+        keys: &'a LockKeys,
+        member: &'a str,
     ) -> BoxFuture<'a, Result<(), LockError>> {
-        // No queue over a quorum.
-        Box::pin(async { Ok(()) })
+        // Out of the queue on every node that answers; a node that does not
+        // drops the place when its refresh deadline passes.
+        Box::pin(async move {
+            self.on_all(self.deadline, |node| node.leave(kind, keys, member))
+                .await;
+            Ok(())
+        })
     }
 
     fn pass<'a>(

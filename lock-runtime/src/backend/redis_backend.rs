@@ -16,7 +16,7 @@ use redis::{Cmd, Value};
 use super::ack_pool::{on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
-    evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
+    evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, QUORUM_RELEASE, RELEASE, RELEASE_KEEPING,
 };
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
 use crate::error::LockError;
@@ -105,6 +105,42 @@ impl RedisBackend {
         )
         .await
         .map(|_| ())
+    }
+
+    /// The release of an exclusive lock on one node of a quorum
+    /// (`quorum_release.lua`): compare-and-delete, then a wake-up for the
+    /// first waiter queued on this node (quorum values carry no wake mark).
+    pub(crate) async fn release_waking(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+    ) -> Result<Release, LockError> {
+        let mut cmd = evalsha(
+            &QUORUM_RELEASE,
+            3,
+            4,
+            3 * keys.lock.len() + token.len() + 24,
+        );
+        cmd.arg(&keys.lock)
+            .arg(keys.queue())
+            .arg(keys.waiters())
+            .arg(token);
+        let (cmd, scripts) = (&cmd, self.connection.scripts());
+        self.call(
+            keys.name(),
+            "release",
+            |mut connection, attempt| async move {
+                let sent_at = Instant::now();
+                let code: i64 = run(&QUORUM_RELEASE, cmd, &mut connection, scripts).await?;
+                Ok(Release {
+                    found: found(code),
+                    woke: code == 2,
+                    retried: attempt > 0,
+                    sent_at,
+                })
+            },
+        )
+        .await
     }
 
     /// One acquire, as the request asks (see [`Backend::acquire`]).

@@ -125,6 +125,15 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[PUBLISH, include_str!("lua/release.lua")].concat(), 2));
 
+/// `lua/quorum_release.lua`: the release on one node of a quorum,
+/// waking the first waiter queued there.
+pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[HELPERS, include_str!("lua/quorum_release.lua")].concat(),
+        4096,
+    )
+});
+
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/release_keeping.lua"), 4));

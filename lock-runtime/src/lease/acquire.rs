@@ -498,6 +498,7 @@ impl Acquisition<'_> {
             member,
             join: join_queue,
             respect: respect_queue,
+            fair: self.settings.fair,
             mine: earlier_unknown,
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
         };
