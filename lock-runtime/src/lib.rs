@@ -26,6 +26,7 @@ mod keys;
 mod lease;
 mod observe;
 mod redact;
+mod tls;
 mod token;
 
 #[doc(hidden)]
