@@ -126,7 +126,15 @@ impl RedisServer {
             Ok::<_, io::Error>((args, server))
         })();
         match tls {
-            Ok((args, server)) => Self::launch(port, Some(server), &args),
+            Ok((args, server)) => Self::launch(port, Some(server), &args).map_err(|error| {
+                io::Error::new(
+                    error.kind(),
+                    format!(
+                        "{error} (a TLS server: the TLS tests need a redis-server built with \
+                         TLS, as Debian's is; see its messages above)"
+                    ),
+                )
+            }),
             Err(error) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 Err(error)
