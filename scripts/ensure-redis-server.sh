@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure redis-server and redis-cli (which the cluster tests use to
 # create and reshard their clusters) are available, installing Debian's
-# packages when they are missing. It starts nothing: the tests and the demo start their
+# packages when they are missing. Debian's are built with TLS, which
+# tests/tls.rs needs (a redis-server of your own must be built with
+# BUILD_TLS=yes); the TLS tests make their certificates in Rust (rcgen),
+# with no openssl command or library needed to build them. It starts nothing: the tests and the demo start their
 # own private servers on free loopback ports and stop them afterwards.
 set -euo pipefail
 

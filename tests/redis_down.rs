@@ -166,20 +166,6 @@ async fn unescaped_passwords_never_appear() {
     }
 }
 
-/// `rediss://` without TLS support built in says so, and how to get it.
-#[tokio::test]
-async fn rediss_without_tls_says_how_to_get_it() {
-    let error = Client::new(Config::new("rediss://user:hunter2@127.0.0.1:6380/"))
-        .expect_err("this build has no TLS");
-    let message = error.to_string();
-    assert!(
-        message.contains("TLS") && message.contains("`tls` feature"),
-        "{message}"
-    );
-    assert!(!message.contains("not a valid Redis URL"), "{message}");
-    assert!(!message.contains("hunter2"), "{message}");
-}
-
 /// Timeouts out of range are configuration errors, not panics later (an
 /// `Instant` overflow) or calls that can never succeed (zero).
 #[tokio::test]

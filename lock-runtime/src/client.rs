@@ -14,13 +14,15 @@ use crate::keys::LockKeys;
 use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
 use crate::redact::redact_url;
+use crate::tls::{self, TlsSettings};
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
 
 /// How to reach Redis and how long to wait for it.
 ///
-/// `Debug` masks the password of the URL.
+/// `Debug` masks the password of the URL and never shows the TLS client
+/// key.
 #[derive(Clone)]
 pub struct Config {
     url: String,
@@ -36,6 +38,9 @@ pub struct Config {
     /// Acknowledged mode: replicas that must confirm each acquisition and
     /// renewal, and how long they are given.
     acknowledged: Option<(u32, Duration)>,
+    /// Certificates of the TLS connections (`rediss://`): whom to trust,
+    /// whom to show.
+    tls: TlsSettings,
 }
 
 impl Config {
@@ -47,7 +52,7 @@ impl Config {
     pub const DEFAULT_KEY_PREFIX: &'static str = "lock:";
 
     /// A configuration for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
-    /// `rediss://` for TLS when the `redis` crate's TLS feature is on, `redis+unix:///path`).
+    /// `rediss://` for TLS with the `tls-rustls` feature, `redis+unix:///path`).
     ///
     /// A Redis Cluster is named by its seed nodes with
     /// `redis-cluster://[user:password@]host1:port1,host2:port2,...`
@@ -69,6 +74,7 @@ impl Config {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             acknowledged: None,
+            tls: TlsSettings::default(),
         }
     }
 
@@ -174,6 +180,32 @@ impl Config {
         self
     }
 
+    /// TLS: trust the certificates of `pem` (one or more PEM
+    /// `CERTIFICATE` blocks, typically a private CA's) instead of the
+    /// public webpki roots, for every node (a cluster's nodes it discovers
+    /// and a quorum's included). Needs `rediss://` URLs and the
+    /// `tls-rustls` feature; checked by [`Client::new`] and [`init_with`].
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_certificates = Some(pem.into());
+        self
+    }
+
+    /// Mutual TLS: show this certificate (`certificate_pem`: the client
+    /// certificate, then any intermediate CAs, in PEM) with its private key
+    /// (`key_pem`: PKCS#8, PKCS#1 or SEC1 PEM) to every node, for a server
+    /// with `tls-auth-clients yes`. The key never appears in `Debug`
+    /// output, errors or logs. Needs `rediss://` URLs and the `tls-rustls`
+    /// feature; checked (key and certificate belong together) by
+    /// [`Client::new`] and [`init_with`].
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
         if self.is_cluster() {
@@ -187,14 +219,22 @@ impl Config {
         redact_url(&self.url)
     }
 
-    /// The server's URL, or each seed node's, parsed.
+    /// The server's URL, or each seed node's, parsed, with the TLS
+    /// certificates.
     fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
+        self.tls.check()?;
         if self.is_cluster() {
-            self.cluster.iter().map(|url| parse_url(url)).collect()
+            self.cluster
+                .iter()
+                .map(|url| parse_url(url, &self.tls))
+                .collect()
         } else if self.is_quorum() {
-            self.quorum.iter().map(|url| parse_url(url)).collect()
+            self.quorum
+                .iter()
+                .map(|url| parse_url(url, &self.tls))
+                .collect()
         } else {
-            Ok(vec![parse_url(&self.url)?])
+            Ok(vec![parse_url(&self.url, &self.tls)?])
         }
     }
 
@@ -275,6 +315,7 @@ impl fmt::Debug for Config {
             .field("response_timeout", &self.response_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("acknowledged", &self.acknowledged)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -320,7 +361,7 @@ impl Client {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ConfigError::NoRuntime.into());
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "tls-rustls")]
         {
             // rustls needs a process-wide crypto provider; keep one that the
             // program installed itself.
@@ -402,6 +443,8 @@ impl Client {
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
                 connect_timeout: config.connect_timeout,
+                #[cfg(feature = "tls-rustls")]
+                tls: config.tls.certificates(),
             }
         } else {
             Transport::Node(seeds)
@@ -553,22 +596,62 @@ impl Drop for ForgetOnDrop {
     }
 }
 
-fn parse_url(url: &str) -> Result<redis::Client, LockError> {
+/// The client of one server's URL, with the TLS certificates when they
+/// were given (they need a `rediss://` URL).
+fn parse_url(url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
     let scheme = url.split("://").next().unwrap_or_default();
-    if scheme.eq_ignore_ascii_case("rediss") && !TLS_BUILT_IN {
+    let uses_tls = scheme.eq_ignore_ascii_case("rediss");
+    if uses_tls && !tls::BUILT_IN {
         return Err(ConfigError::TlsNotBuiltIn {
             url: redact_url(url),
         }
         .into());
     }
-    redis::Client::open(url).map_err(|error| {
+    if uses_tls && tls::is_insecure(url) {
+        return Err(ConfigError::InvalidTls {
+            reason: format!(
+                "`{}` turns off the check of the server's certificate (`#insecure`), which this \
+                 library does not do: give the CA that signed the server's certificate to \
+                 Config::tls_root_certificates instead",
+                redact_url(url)
+            ),
+        }
+        .into());
+    }
+    if tls.is_set() && !uses_tls {
+        return Err(ConfigError::InvalidTls {
+            reason: format!(
+                "TLS certificates were configured, but `{}` does not use TLS: use a `rediss://` \
+                 URL (`rediss-cluster://`, `rediss-quorum://`), or drop the certificates",
+                redact_url(url)
+            ),
+        }
+        .into());
+    }
+    let invalid = |error: redis::RedisError| -> LockError {
         ConfigError::InvalidUrl {
             url: redact_url(url),
             reason: error.kind_description().to_owned(),
             expected: EXPECTED_URL,
         }
         .into()
-    })
+    };
+    #[cfg(feature = "tls-rustls")]
+    if let Some(certificates) = tls.certificates() {
+        use redis::IntoConnectionInfo;
+        let info = url.into_connection_info().map_err(invalid)?;
+        return redis::Client::build_with_tls(info, certificates).map_err(|error| {
+            ConfigError::InvalidTls {
+                reason: format!(
+                    "cannot set up TLS for `{}` with the configured certificates ({})",
+                    redact_url(url),
+                    error.kind_description()
+                ),
+            }
+            .into()
+        });
+    }
+    redis::Client::open(url).map_err(invalid)
 }
 
 /// The URL forms a [`ConfigError::InvalidUrl`] names.
@@ -609,9 +692,6 @@ fn several_urls(url: &str, kind: &str) -> Option<Vec<String>> {
             .collect(),
     )
 }
-
-/// Whether the `redis` crate was built with TLS (lock-runtime's `tls` feature).
-const TLS_BUILT_IN: bool = cfg!(feature = "tls");
 
 trait KindDescription {
     fn kind_description(&self) -> String;

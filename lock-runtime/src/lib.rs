@@ -13,6 +13,7 @@ mod keys;
 mod lease;
 mod observe;
 mod redact;
+mod tls;
 mod token;
 
 #[doc(hidden)]

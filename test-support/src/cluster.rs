@@ -2,14 +2,16 @@
 //! with `cluster-enabled yes` on free loopback ports (client and bus), its
 //! files in a temporary directory of its own; created with
 //! `redis-cli --cluster create`, waited for until every node reports
-//! `cluster_state:ok`, stopped (and its files removed) on drop.
+//! `cluster_state:ok`, stopped (and its files removed) on drop. A TLS
+//! cluster ([`RedisCluster::start_tls`]) serves TLS only, between its
+//! nodes too (`tls-cluster`, `tls-replication`).
 
 use std::io;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{command, free_port, RedisServer};
+use crate::{free_port, RedisServer, TlsOptions};
 
 /// The environment variable naming the `redis-cli` binary (default: found on
 /// `PATH`).
@@ -25,6 +27,8 @@ pub struct RedisCluster {
     /// The client port of each node (also of killed ones).
     ports: Vec<u16>,
     dir: PathBuf,
+    /// A TLS cluster's settings (every node has the same).
+    tls: Option<TlsOptions>,
 }
 
 impl RedisCluster {
@@ -36,6 +40,21 @@ impl RedisCluster {
 
     /// Like [`start`](Self::start), returning an error.
     pub fn try_start(primaries: usize, replicas: usize) -> io::Result<RedisCluster> {
+        Self::try_start_with(primaries, replicas, None)
+    }
+
+    /// Like [`start`](Self::start), every node serving TLS only (set up
+    /// by `tls`), to its clients and to the other nodes.
+    pub fn start_tls(primaries: usize, replicas: usize, tls: &TlsOptions) -> RedisCluster {
+        Self::try_start_with(primaries, replicas, Some(tls))
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    fn try_start_with(
+        primaries: usize,
+        replicas: usize,
+        tls: Option<&TlsOptions>,
+    ) -> io::Result<RedisCluster> {
         let dir = std::env::temp_dir().join(format!(
             "lock-test-cluster-{}-{}",
             std::process::id(),
@@ -46,6 +65,7 @@ impl RedisCluster {
             nodes: Vec::new(),
             ports: Vec::new(),
             dir,
+            tls: tls.cloned(),
         };
         for index in 0..primaries * (1 + replicas) {
             let node = cluster.start_node(index)?;
@@ -53,6 +73,7 @@ impl RedisCluster {
             cluster.nodes.push(Some(node));
         }
         let mut create = Command::new(cli());
+        create.args(cluster.cli_tls_args());
         create.args(["--cluster", "create"]);
         for port in &cluster.ports {
             create.arg(format!("127.0.0.1:{port}"));
@@ -96,7 +117,7 @@ impl RedisCluster {
                 .collect();
             let synced = replicas.len() == count
                 && replicas.iter().all(|&port| {
-                    command(port, &["INFO", "replication"])
+                    self.command(port, &["INFO", "replication"])
                         .is_ok_and(|info| info.contains("master_link_status:up"))
                 });
             if synced {
@@ -136,7 +157,17 @@ impl RedisCluster {
                 &node_dir.display().to_string(),
             ]
             .map(str::to_owned);
-            match RedisServer::start_with(port, &extra) {
+            let started = match &self.tls {
+                Some(tls) => {
+                    let mut extra = extra.to_vec();
+                    extra.extend(
+                        ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
+                    );
+                    RedisServer::start_tls_with(port, tls, &extra)
+                }
+                None => RedisServer::start_with(port, &extra),
+            };
+            match started {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -151,10 +182,37 @@ impl RedisCluster {
 
     /// The nodes' URLs (the seed list a client is given).
     pub fn urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.ports
             .iter()
-            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .map(|port| format!("{scheme}://127.0.0.1:{port}/"))
             .collect()
+    }
+
+    /// Sends one command to the node on `port` (over TLS for a TLS
+    /// cluster) and returns the raw reply.
+    pub fn command(&self, port: u16, args: &[&str]) -> io::Result<String> {
+        match self.node(port) {
+            Some(node) => node.command(args),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no live node of the cluster on port {port}"),
+            )),
+        }
+    }
+
+    /// `redis-cli`'s TLS arguments for this cluster (none without TLS).
+    fn cli_tls_args(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flatten()
+            .find_map(RedisServer::tls_dir)
+            .map(TlsOptions::cli_args)
+            .unwrap_or_default()
     }
 
     /// The ports of the nodes that are primaries now (as one live node
@@ -208,7 +266,7 @@ impl RedisCluster {
     pub fn nodes_info(&self) -> String {
         self.live_ports()
             .into_iter()
-            .find_map(|port| command(port, &["CLUSTER", "NODES"]).ok())
+            .find_map(|port| self.command(port, &["CLUSTER", "NODES"]).ok())
             .map(|reply| bulk(&reply))
             .unwrap_or_default()
     }
@@ -239,7 +297,7 @@ impl RedisCluster {
         let deadline = Instant::now() + SETTLE;
         loop {
             let ok = self.live_ports().into_iter().all(|port| {
-                command(port, &["CLUSTER", "INFO"]).is_ok_and(|info| {
+                self.command(port, &["CLUSTER", "INFO"]).is_ok_and(|info| {
                     info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
                 })
             });
@@ -256,10 +314,12 @@ impl RedisCluster {
         }
     }
 
-    /// Runs `redis-cli` with `args` (for `--cluster reshard` and the like);
-    /// returns its standard output, or an error with its standard error.
+    /// Runs `redis-cli` with `args` (for `--cluster reshard` and the like;
+    /// with the TLS arguments first for a TLS cluster); returns its
+    /// standard output, or an error with its standard error.
     pub fn cli(&self, args: &[&str]) -> io::Result<String> {
         let output = Command::new(cli())
+            .args(self.cli_tls_args())
             .args(args)
             .stdin(Stdio::null())
             .output()?;

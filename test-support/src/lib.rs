@@ -6,19 +6,25 @@
 //! outlives them).
 //!
 //! Nothing here ever talks to a server it did not start.
+//!
+//! A server can serve TLS only ([`RedisServer::start_tls`]: `--port 0`, a
+//! TLS port, certificates made for the test by [`tls::Ca`]).
 
 pub mod cluster;
 mod process;
 pub mod proxy;
+pub mod tls;
 pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
+pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The environment variable naming the `redis-server` binary (default: found
@@ -29,6 +35,14 @@ pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// A TLS-only server: its files, and this crate's connections to it.
+    tls: Option<TlsServer>,
+}
+
+struct TlsServer {
+    /// The certificates and keys (removed on drop).
+    dir: PathBuf,
+    connector: tls::Connector,
 }
 
 impl RedisServer {
@@ -65,10 +79,78 @@ impl RedisServer {
     /// Starts a server on the given loopback port with extra configuration
     /// arguments (`--name value` pairs).
     pub fn start_with(port: u16, extra: &[String]) -> io::Result<RedisServer> {
+        Self::launch(port, None, extra)
+    }
+
+    /// Starts a server that serves TLS only (`--port 0`, `--tls-port` on a
+    /// free loopback port), set up by `options`, and waits until it answers
+    /// over TLS. Panics with instructions when it cannot.
+    pub fn start_tls(options: &TlsOptions) -> RedisServer {
+        Self::try_start_tls(options).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Like [`start_tls`](Self::start_tls), returning an error.
+    pub fn try_start_tls(options: &TlsOptions) -> io::Result<RedisServer> {
+        let mut last_error = None;
+        for _ in 0..5 {
+            match Self::start_tls_with(free_port()?, options, &[]) {
+                Ok(server) => return Ok(server),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    /// A TLS-only server on the loopback `port`, with extra configuration
+    /// arguments. Its certificate files live in a temporary directory,
+    /// removed when it stops.
+    pub fn start_tls_with(
+        port: u16,
+        options: &TlsOptions,
+        extra: &[String],
+    ) -> io::Result<RedisServer> {
+        static DIRS: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lock-test-tls-{}-{}-{}",
+            std::process::id(),
+            port,
+            DIRS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tls = (|| {
+            let mut args = options.write_files(&dir)?;
+            args.extend(extra.iter().cloned());
+            let server = TlsServer {
+                dir: dir.clone(),
+                connector: options.connector()?,
+            };
+            Ok::<_, io::Error>((args, server))
+        })();
+        match tls {
+            Ok((args, server)) => Self::launch(port, Some(server), &args).map_err(|error| {
+                io::Error::new(
+                    error.kind(),
+                    format!(
+                        "{error} (a TLS server: the TLS tests need a redis-server built with \
+                         TLS, as Debian's is; see its messages above)"
+                    ),
+                )
+            }),
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(error)
+            }
+        }
+    }
+
+    fn launch(port: u16, tls: Option<TlsServer>, extra: &[String]) -> io::Result<RedisServer> {
         let binary = binary();
         let mut command = Command::new(&binary);
+        match &tls {
+            Some(_) => command.args(["--port", "0", "--tls-port", &port.to_string()]),
+            None => command.args(["--port", &port.to_string()]),
+        };
         command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--protected-mode", "yes", "--loglevel", "warning"])
             .args(extra)
@@ -83,6 +165,9 @@ impl RedisServer {
             });
         }
         let child = command.spawn().map_err(|error| {
+            if let Some(tls) = &tls {
+                let _ = std::fs::remove_dir_all(&tls.dir);
+            }
             io::Error::new(
                 error.kind(),
                 format!(
@@ -92,19 +177,32 @@ impl RedisServer {
                 ),
             )
         })?;
-        let mut server = RedisServer { child, port };
+        let mut server = RedisServer { child, port, tls };
         server.wait_until_ready()?;
         Ok(server)
     }
 
-    /// The loopback port the server listens on.
+    /// The loopback port the server listens on (its TLS port for a TLS
+    /// server).
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// The server's URL, `redis://127.0.0.1:PORT/`.
+    /// The server's URL, `redis://127.0.0.1:PORT/` (`rediss://` for a TLS
+    /// server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// Whether the server serves TLS only.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The directory of a TLS server's certificate files.
+    pub(crate) fn tls_dir(&self) -> Option<&std::path::Path> {
+        self.tls.as_ref().map(|tls| tls.dir.as_path())
     }
 
     /// The server's process id.
@@ -120,8 +218,18 @@ impl RedisServer {
 
     /// Sends one command in RESP and returns the raw reply. For test set-up
     /// and checks, independent of the library under test.
+    /// Over TLS for a TLS server (trusting its CA, showing a client
+    /// certificate of its client CA).
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        command(self.port, args)
+        match &self.tls {
+            Some(tls) => {
+                let mut stream = tls.connector.connect(self.port)?;
+                stream.write_all(&request(args))?;
+                stream.flush()?;
+                read_reply(&mut stream)
+            }
+            None => command(self.port, args),
+        }
     }
 
     fn wait_until_ready(&mut self) -> io::Result<()> {
@@ -156,6 +264,9 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        if let Some(tls) = &self.tls {
+            let _ = std::fs::remove_dir_all(&tls.dir);
+        }
     }
 }
 
@@ -164,12 +275,17 @@ impl Drop for RedisServer {
 pub fn command(port: u16, args: &[&str]) -> io::Result<String> {
     let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(&request(args))?;
+    read_reply(&mut stream)
+}
+
+/// One command in RESP.
+fn request(args: &[&str]) -> Vec<u8> {
     let mut request = format!("*{}\r\n", args.len());
     for arg in args {
         request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
     }
-    stream.write_all(request.as_bytes())?;
-    read_reply(&mut stream)
+    request.into_bytes()
 }
 
 /// A port that was free on 127.0.0.1 a moment ago.
@@ -186,7 +302,7 @@ fn binary() -> PathBuf {
 
 /// Reads one complete RESP reply (simple, error, integer, bulk, or a flat
 /// array of those) and returns its raw text.
-fn read_reply(stream: &mut TcpStream) -> io::Result<String> {
+fn read_reply(stream: &mut impl Read) -> io::Result<String> {
     let mut raw = Vec::new();
     let mut buffer = [0u8; 4096];
     loop {

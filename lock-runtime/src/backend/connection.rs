@@ -323,9 +323,15 @@ impl Connection {
 
 /// Whether a failed call may succeed if sent again: the connection broke
 /// (the manager reconnects), or Redis asked to try again (loading after a
-/// restart, a cluster in transition).
+/// restart, a cluster in transition). Not bad credentials, nor a rejected
+/// TLS certificate.
 pub(crate) fn retryable(error: &RedisError) -> bool {
     if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        return false;
+    }
+    // A certificate rejected in the TLS handshake (the server's, or ours
+    // by the server) stays rejected until the configuration changes.
+    if crate::tls::handshake_failure(error).is_some_and(|failure| failure.is_permanent()) {
         return false;
     }
     // The cluster client retries nothing itself (see `Target::Cluster`):

@@ -47,6 +47,10 @@ pub(crate) enum Transport {
     Cluster {
         seeds: Vec<ConnectionInfo>,
         connect_timeout: Duration,
+        /// The TLS certificates, if given (the cluster client takes them
+        /// apart from the seeds).
+        #[cfg(feature = "tls-rustls")]
+        tls: Option<redis::TlsCertificates>,
     },
 }
 

@@ -165,7 +165,8 @@ impl Router {
     }
 
     /// The connection to the node at `address` (`host:port`), with the
-    /// first seed's settings.
+    /// first seed's settings: credentials, database, TLS and its
+    /// certificates (a discovered node is trusted as the seed is).
     fn node(&self, address: &str) -> RedisResult<ConnectionManager> {
         if let Some(connection) = self.nodes().get(address) {
             return Ok(connection.clone());

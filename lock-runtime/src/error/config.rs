@@ -32,12 +32,21 @@ pub enum ConfigError {
     /// A `rediss://` URL in a build without TLS support.
     #[error(
         "`{url}` asks for TLS (`rediss://`), but this build of lock-runtime has no TLS support: \
-         enable its `tls` feature (lock-runtime = {{ features = [\"tls\"] }}), or use `redis://` \
-         for a Redis without TLS"
+         enable lock-runtime's `tls-rustls` feature (lock-runtime = {{ version = \"...\", \
+         features = [\"tls-rustls\"] }}), or use `redis://` for a Redis without TLS"
     )]
     TlsNotBuiltIn {
         /// The URL, password masked.
         url: String,
+    },
+
+    /// TLS settings that cannot work: certificates that are not PEM or a
+    /// key that does not match its certificate, certificates with a URL
+    /// without TLS, `#insecure`, certificates in a build without TLS.
+    #[error("TLS configuration: {reason}")]
+    InvalidTls {
+        /// What is wrong and how to fix it (never quoting a key).
+        reason: String,
     },
 
     /// A client option out of range or in conflict with another.

@@ -187,6 +187,9 @@ impl LockError {
 
 /// What to do about a Redis error.
 fn advice(source: &redis::RedisError) -> &'static str {
+    if let Some(failure) = crate::tls::handshake_failure(source) {
+        return failure.advice();
+    }
     match source.kind() {
         redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
             "the Redis user lacks a permission: grant it, see the README's minimal ACL rule"

@@ -38,12 +38,20 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
     let Transport::Cluster {
         seeds,
         connect_timeout,
+        #[cfg(feature = "tls-rustls")]
+        tls,
     } = &this.transport
     else {
         return;
     };
     let (sender, mut pushes) = mpsc::unbounded_channel();
-    let client = ClusterClientBuilder::new(seeds.iter().cloned())
+    let builder = ClusterClientBuilder::new(seeds.iter().cloned());
+    #[cfg(feature = "tls-rustls")]
+    let builder = match tls {
+        Some(certificates) => builder.certs(certificates.clone()),
+        None => builder,
+    };
+    let client = builder
         .use_protocol(ProtocolVersion::RESP3)
         .push_sender(sender)
         .connection_timeout(*connect_timeout)
