@@ -5,7 +5,7 @@
 //! sends the same call again as EVAL with the script's source, which runs it
 //! and caches it again: one extra round trip, not two.
 
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 
 use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
@@ -15,11 +15,11 @@ use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResu
 pub(crate) struct LuaScript {
     source: String,
     hash: String,
-    bit: u16,
+    bit: u32,
 }
 
 impl LuaScript {
-    fn new(source: &str, bit: u16) -> LuaScript {
+    fn new(source: &str, bit: u32) -> LuaScript {
         let source = source.to_owned();
         let hash = Script::new(&source).get_hash().to_owned();
         LuaScript { source, hash, bit }
@@ -62,7 +62,7 @@ pub(crate) fn is_noscript(error: &RedisError) -> bool {
 /// release or renewal costs one round trip, not the three of EVALSHA,
 /// NOSCRIPT, EVAL.
 #[derive(Default)]
-pub(crate) struct ScriptsSent(AtomicU16);
+pub(crate) struct ScriptsSent(AtomicU32);
 
 impl ScriptsSent {
     pub(crate) fn has(&self, script: &LuaScript) -> bool {
@@ -247,3 +247,8 @@ pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
         4096,
     )
 });
+
+/// `lua/inspect.lua`: a read-only snapshot of the three locks of one name
+/// (the admin API, lockctl).
+pub(crate) static INSPECT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/inspect.lua"), 65536));
