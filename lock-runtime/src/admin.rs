@@ -311,7 +311,20 @@ impl Client {
         }
         let key_prefix = self.key_prefix();
         let pattern = format!("{}{{{}*", glob_escape(key_prefix), glob_escape(prefix));
-        let found = self.core().backend().scan(&pattern, SCAN_COUNT).await?;
+        let found = match self.core().backend().scan(&pattern, SCAN_COUNT).await {
+            Ok(found) => found,
+            // Named by the lock names asked for, not the key pattern.
+            Err(LockError::Redis {
+                operation, source, ..
+            }) => {
+                return Err(LockError::Redis {
+                    key: format!("{prefix}*"),
+                    operation,
+                    source,
+                })
+            }
+            Err(error) => return Err(error),
+        };
         let names: BTreeSet<String> = found
             .iter()
             .flatten()
@@ -439,10 +452,12 @@ impl Client {
                 },
                 holder.token.as_str(),
             ),
-            (kind, role) => return Err(LockError::config(format!(
+            (kind, role) => {
+                return Err(LockError::config(format!(
                 "a holder of role `{role}` cannot hold a `{kind}` lock: give the holder and kind \
                      as `lock_info` read them"
-            ))),
+            )))
+            }
         };
         let release = self
             .core()
@@ -663,7 +678,9 @@ fn merge(read: Vec<LockInfo>, nodes: usize) -> Option<LockInfo> {
         }
     }
     // The holders found on most nodes first.
-    merged.holders.sort_by_key(|holder| std::cmp::Reverse(holder.nodes));
+    merged
+        .holders
+        .sort_by_key(|holder| std::cmp::Reverse(holder.nodes));
     Some(merged)
 }
 
