@@ -438,55 +438,51 @@ async fn a_password_never_appears() {
         .try_acquire()
         .await
         .unwrap();
-    let mut runs = vec![
-        lockctl(&url, &["list"], "").await,
-        lockctl(&url, &["show", "secretive"], "").await,
-        lockctl(&url, &["watch", "--count", "1"], "").await,
-        lockctl(&url, &["release", "secretive", "--force"], "n\n").await,
-    ];
-    assert_eq!(runs[0].code, 0, "{:?}", runs[0]);
+    // Checked first, before any assertion that might print the output.
+    let leak_free = |run: Run| {
+        assert!(
+            !run.all().contains(PASSWORD) && !run.all().contains("S3cret"),
+            "the password leaked: {run:?}"
+        );
+        run
+    };
+    let list = leak_free(lockctl(&url, &["list"], "").await);
+    assert_eq!(list.code, 0, "{list:?}");
+    assert!(list.stdout.contains(&guard.token()[..8]), "{list:?}");
+    let show = leak_free(lockctl(&url, &["show", "secretive"], "").await);
+    assert_eq!(show.code, 0, "{show:?}");
+    let watch = leak_free(lockctl(&url, &["watch", "--count", "1"], "").await);
     assert!(
-        runs[0].stdout.contains(&guard.token()[..8]),
-        "{:?}",
-        runs[0]
+        watch.stdout.contains("redis://operator:***@127.0.0.1"),
+        "{watch:?}"
     );
-    assert!(
-        runs[2].stdout.contains("redis://operator:***@127.0.0.1"),
-        "{:?}",
-        runs[2]
-    );
-    let release = lockctl(&url, &["release", "secretive", "--force", "--yes"], "").await;
+    let declined = leak_free(lockctl(&url, &["release", "secretive", "--force"], "n\n").await);
+    assert_eq!(declined.code, 3, "{declined:?}");
+    let release = leak_free(lockctl(&url, &["release", "secretive", "--force", "--yes"], "").await);
     assert_eq!(release.code, 0, "{release:?}");
-    runs.push(release);
+    assert!(
+        release.stderr.contains("redis://operator:***@"),
+        "{release:?}"
+    );
 
     let wrong = format!("redis://operator:{PASSWORD}x@127.0.0.1:{}/", server.port());
-    let denied = lockctl(&wrong, &["list"], "").await;
+    let denied = leak_free(lockctl(&wrong, &["list"], "").await);
     assert_eq!(denied.code, 1, "{denied:?}");
     assert!(
         denied.stderr.contains("redis://operator:***@"),
         "{denied:?}"
     );
-    runs.push(denied);
     let port = server.port();
     drop(server);
-    let down = lockctl(
-        &format!("redis://operator:{PASSWORD}@127.0.0.1:{port}/"),
-        &["show", "secretive"],
-        "",
-    )
-    .await;
+    let down = leak_free(
+        lockctl(
+            &format!("redis://operator:{PASSWORD}@127.0.0.1:{port}/"),
+            &["show", "secretive"],
+            "",
+        )
+        .await,
+    );
     assert_eq!(down.code, 1, "{down:?}");
-    runs.push(down);
-    for run in runs {
-        assert!(
-            !run.all().contains(PASSWORD),
-            "the password leaked: {run:?}"
-        );
-        assert!(
-            !run.all().contains("S3cret"),
-            "the password leaked: {run:?}"
-        );
-    }
     drop(guard);
 }
 
