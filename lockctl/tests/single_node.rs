@@ -501,3 +501,26 @@ fn no_url_says_what_to_give() {
         "{stderr}"
     );
 }
+
+/// `--key-prefix` reads locks of a client configured with another prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_key_prefix() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let prefixed =
+        lock_runtime::Client::new(lock_runtime::Config::new(url.as_str()).key_prefix("app:locks:"))
+            .unwrap();
+    let guard = Lock::new("nightly")
+        .client(prefixed)
+        .try_acquire()
+        .await
+        .unwrap();
+    let default = lockctl(&url, &["list"], "").await;
+    assert_eq!(default.stdout, "no locks\n", "{default:?}");
+    let list = lockctl(&url, &["--key-prefix", "app:locks:", "list"], "").await;
+    let columns = row(&list.stdout, "nightly").expect("a row for nightly");
+    assert_eq!(columns[4], guard.token()[..8], "{list:?}");
+    let show = lockctl(&url, &["show", "nightly", "--key-prefix", "app:locks:"], "").await;
+    assert!(show.stdout.contains("key app:locks:{nightly}"), "{show:?}");
+    guard.release().await.unwrap();
+}
