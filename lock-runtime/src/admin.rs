@@ -132,9 +132,9 @@ impl fmt::Display for HolderRole {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HolderRole::Owner => f.write_str("owner"),
-            HolderRole::Kept => f.write_str("kept (hold_at_least)"),
+            HolderRole::Kept => f.write_str("kept by hold_at_least"),
             HolderRole::Writer => f.write_str("writer"),
-            HolderRole::KeptWriter => f.write_str("kept writer (hold_at_least)"),
+            HolderRole::KeptWriter => f.write_str("writer kept by hold_at_least"),
             HolderRole::Reader => f.write_str("reader"),
             HolderRole::Permits(1) => f.write_str("1 permit"),
             HolderRole::Permits(k) => write!(f, "{k} permits"),

@@ -524,3 +524,34 @@ async fn another_key_prefix() {
     assert!(show.stdout.contains("key app:locks:{nightly}"), "{show:?}");
     guard.release().await.unwrap();
 }
+
+/// A lock kept by `hold_at_least` after its release is listed as kept, and
+/// a forced release ends the hold early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lock_can_be_ended_early() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let guard = Lock::new("nightly")
+        .hold_at_least(Duration::from_secs(60))
+        .client(client(&url))
+        .try_acquire()
+        .await
+        .unwrap();
+    let head = guard.token()[..8].to_owned();
+    guard.release().await.unwrap();
+    let list = lockctl(&url, &["list"], "").await;
+    let columns = row(&list.stdout, "nightly").expect("a row for nightly");
+    assert_eq!(columns[4..6], [head.clone(), "kept".to_owned()], "{list:?}");
+    let release = lockctl(&url, &["release", "nightly", "--force", "--yes"], "").await;
+    assert_eq!(release.code, 0, "{release:?}");
+    assert!(
+        release
+            .stdout
+            .contains(&format!("holder {head} (kept by hold_at_least): released")),
+        "{release:?}"
+    );
+    assert_eq!(
+        server.command(&["EXISTS", "lock:{nightly}"]).unwrap(),
+        ":0\r\n"
+    );
+}
