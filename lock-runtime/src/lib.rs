@@ -5,6 +5,8 @@
 // Layers, each using only those below it: the public fronts (`fronts`:
 // `Lock`, its guard), the client, the lease machinery every lock kind shares
 // (`lease`), and the backend (`backend`: every Redis call and its replies).
+// `admin` (inspection, force release: lockctl) sits beside the fronts.
+pub mod admin;
 mod backend;
 mod client;
 mod error;

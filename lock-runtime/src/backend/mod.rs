@@ -159,6 +159,53 @@ pub(crate) struct RenewItem<'a> {
     pub(crate) ttl_ms: u64,
 }
 
+/// One node's reading of the three locks of a name (`lua/inspect.lua`):
+/// the admin API's raw material (`crate::admin` builds its public view).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Snapshot {
+    /// The server's clock, in ms: share and permit expiries are on it.
+    pub(crate) now_ms: i64,
+    pub(crate) exclusive: ExclusiveState,
+    pub(crate) rw: RwState,
+    pub(crate) semaphore: SemaphoreState,
+}
+
+/// The exclusive lock's keys, as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ExclusiveState {
+    /// The lock key's value: the holder's token (maybe with a wake mark,
+    /// or a quorum attempt's `|q<mark>`), or `kept:<token>`.
+    pub(crate) value: Option<String>,
+    /// The lock key's `PTTL` (-2: no key, -1: no expiry).
+    pub(crate) pttl_ms: i64,
+    /// The last fencing token handed out, while the fence key lives.
+    pub(crate) fence: Option<u64>,
+    /// Queued waiters whose place has not expired.
+    pub(crate) waiters: u64,
+}
+
+/// A read/write lock's keys, as read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RwState {
+    /// The writer key: a writer's token, `kept:<token>`, a lone reader's
+    /// `r:<token>` or the gate `q`.
+    pub(crate) writer: Option<String>,
+    pub(crate) pttl_ms: i64,
+    /// Reader shares: token, expiry (server ms).
+    pub(crate) readers: Vec<(String, f64)>,
+    pub(crate) fence: Option<u64>,
+    pub(crate) waiters: u64,
+}
+
+/// A semaphore's keys, as read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct SemaphoreState {
+    pub(crate) pttl_ms: i64,
+    /// Holders `<k>|<token>` with their expiry, and `#capacity:<N>` (inf).
+    pub(crate) members: Vec<(String, f64)>,
+    pub(crate) waiters: u64,
+}
+
 /// A deployment of the lock: where its keys live and how they are read and
 /// written. Every method is one round trip, retried on connection faults
 /// within the deadline.
@@ -219,6 +266,24 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// The longest one call may take, its retries included.
     fn call_deadline(&self) -> Duration;
+
+    /// Admin: every key matching the `SCAN` pattern `pattern` (`count` per
+    /// step), per node: one list for one server or a whole cluster (every
+    /// primary scanned), one per node of a quorum.
+    fn scan<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<Vec<Vec<String>>, LockError>>;
+
+    /// Admin: the three locks of `name` as each node has them (`keys`: the
+    /// nine keys of `lua/inspect.lua`); one snapshot for one server or a
+    /// cluster, one per node of a quorum. Reads only.
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>>;
 
     /// Whether a lock may be passed between tasks of a process (`pass`,
     /// in-process cohorts). Not in acknowledged mode (each holder's

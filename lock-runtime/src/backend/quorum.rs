@@ -43,7 +43,7 @@ use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::RedisBackend;
-use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
@@ -584,5 +584,32 @@ impl Backend for QuorumBackend {
 
     fn passes_in_process(&self) -> bool {
         false
+    }
+
+    fn scan<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<Vec<Vec<String>>, LockError>> {
+        // Every node on its own (each is a whole keyspace); all must answer.
+        Box::pin(async move {
+            join_all(self.nodes.iter().map(|node| node.scan_keys(pattern, count)))
+                .await
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
+        Box::pin(async move {
+            join_all(self.nodes.iter().map(|node| node.snapshot(name, keys)))
+                .await
+                .into_iter()
+                .collect()
+        })
     }
 }

@@ -3,6 +3,7 @@
 //! slot. The exclusive lock is here, the shared-holder kinds in `shared.rs`,
 //! renewals in `renewal.rs`.
 
+mod inspect;
 mod renewal;
 mod shared;
 
@@ -18,7 +19,7 @@ use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
     evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, QUORUM_RELEASE, RELEASE, RELEASE_KEEPING,
 };
-use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem};
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
@@ -478,5 +479,21 @@ impl Backend for RedisBackend {
 
     fn call_deadline(&self) -> Duration {
         self.connection.deadline()
+    }
+
+    fn scan<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<Vec<Vec<String>>, LockError>> {
+        Box::pin(async move { Ok(vec![self.scan_keys(pattern, count).await?]) })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
+        Box::pin(async move { Ok(vec![self.snapshot(name, keys).await?]) })
     }
 }

@@ -5,7 +5,7 @@
 //! sends the same call again as EVAL with the script's source, which runs it
 //! and caches it again: one extra round trip, not two.
 
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 
 use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
@@ -15,11 +15,11 @@ use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResu
 pub(crate) struct LuaScript {
     source: String,
     hash: String,
-    bit: u16,
+    bit: u32,
 }
 
 impl LuaScript {
-    fn new(source: &str, bit: u16) -> LuaScript {
+    fn new(source: &str, bit: u32) -> LuaScript {
         let source = source.to_owned();
         let hash = Script::new(&source).get_hash().to_owned();
         LuaScript { source, hash, bit }
@@ -62,7 +62,7 @@ pub(crate) fn is_noscript(error: &RedisError) -> bool {
 /// release or renewal costs one round trip, not the three of EVALSHA,
 /// NOSCRIPT, EVAL.
 #[derive(Default)]
-pub(crate) struct ScriptsSent(AtomicU16);
+pub(crate) struct ScriptsSent(AtomicU32);
 
 impl ScriptsSent {
     pub(crate) fn has(&self, script: &LuaScript) -> bool {
@@ -130,7 +130,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> =
 pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         &[HELPERS, include_str!("lua/quorum_release.lua")].concat(),
-        4096,
+        131072,
     )
 });
 
@@ -256,3 +256,46 @@ pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
         4096,
     )
 });
+
+/// `lua/inspect.lua`: a read-only snapshot of the three locks of one name
+/// (the admin API, lockctl).
+pub(crate) static INSPECT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/inspect.lua"), 65536));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each script has its own bit in [`ScriptsSent`]: two scripts sharing
+    /// one would let the second go out as an `EVALSHA` that Redis has never
+    /// seen (a `NOSCRIPT` and a second round trip).
+    #[test]
+    fn every_script_has_its_own_bit() {
+        let scripts: [&LuaScript; 18] = [
+            &ACQUIRE,
+            &RELEASE,
+            &QUORUM_RELEASE,
+            &RELEASE_KEEPING,
+            &LEAVE,
+            &RENEW,
+            &RENEW_ANY_SLOT,
+            &FENCE_RAISE,
+            &HANDOFF,
+            &RW_ACQUIRE,
+            &RW_RELEASE,
+            &RW_LEAVE,
+            &SEMAPHORE_ACQUIRE,
+            &SEMAPHORE_RELEASE,
+            &SEMAPHORE_LEAVE,
+            &RENEW_SHARES_ANY_SLOT,
+            &RENEW_SHARES,
+            &INSPECT,
+        ];
+        let mut seen = 0u32;
+        for script in scripts {
+            assert_eq!(script.bit.count_ones(), 1, "{}", script.hash());
+            assert_eq!(seen & script.bit, 0, "bit {} used twice", script.bit);
+            seen |= script.bit;
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! lockctl on a local Redis Cluster of 3 primaries (`list` scans every
+//! primary; a forced release there wakes the waiter by its shard's message)
+//! and over a quorum of 3 independent nodes (one row per lock, the holder
+//! counted per node; a forced release counts a majority).
+
+mod common;
+use common::*;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use lock_runtime::admin::LockKind;
+use lock_runtime::{Client, Config, Lock};
+use test_support::{RedisCluster, RedisServer};
+
+fn cluster_url(cluster: &RedisCluster) -> String {
+    let hosts: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    format!("redis-cluster://{}", hosts.join(","))
+}
+
+/// The port of the primary holding `key`.
+fn primary_of(cluster: &RedisCluster, key: &str) -> u16 {
+    let reply = test_support::command(cluster.ports()[0], &["CLUSTER", "KEYSLOT", key]).unwrap();
+    let slot: u16 = reply.trim_start_matches(':').trim().parse().unwrap();
+    cluster.primary_of_slot(slot).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_the_locks_of_every_primary() {
+    let cluster = RedisCluster::start(3, 0);
+    let url = cluster_url(&cluster);
+    let (holder, other) = (client(&url), client(&url));
+    // Names until every primary holds at least two locks.
+    let mut names = Vec::new();
+    let mut per_primary = std::collections::BTreeMap::<u16, usize>::new();
+    for i in 0.. {
+        let name = format!("job:{i}");
+        let port = primary_of(&cluster, &format!("lock:{{{name}}}"));
+        let count = per_primary.entry(port).or_default();
+        if *count < 2 {
+            *count += 1;
+            names.push((name, port));
+        }
+        if per_primary.len() == 3 && per_primary.values().all(|&n| n == 2) {
+            break;
+        }
+    }
+    let mut guards = Vec::new();
+    for (name, _) in &names {
+        let guard = Lock::new(name.as_str())
+            .ttl(Duration::from_secs(60))
+            .client(holder.clone())
+            .try_acquire()
+            .await
+            .unwrap();
+        guards.push(guard);
+    }
+
+    let list = lockctl(&url, &["list", "job:"], "").await;
+    assert_eq!(list.code, 0, "{list:?}");
+    let mut found_on = BTreeSet::new();
+    for ((name, port), guard) in names.iter().zip(&guards) {
+        let columns = row(&list.stdout, name).unwrap_or_else(|| panic!("{name}: {list:?}"));
+        assert_eq!(columns[4], guard.token()[..8], "{list:?}");
+        found_on.insert(*port);
+    }
+    assert_eq!(found_on.len(), 3, "locks on every primary were listed");
+    assert_eq!(list.stdout.lines().count(), names.len() + 1, "{list:?}");
+
+    // A forced release on the cluster wakes a waiter of another client.
+    let (name, _) = &names[0];
+    let waiter = spawn_waiter(&other, name);
+    let waiters_key = format!("lock:{{{name}}}:waiters");
+    let port = primary_of(&cluster, &waiters_key);
+    wait_until("the waiter queues", || {
+        test_support::command(port, &["ZCARD", &waiters_key]).unwrap() == ":1\r\n"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let show = lockctl(&url, &["show", name], "").await;
+    assert!(show.stdout.contains("waiters:  1"), "{show:?}");
+    let release = lockctl(&url, &["release", name, "--force", "--yes"], "").await;
+    assert_eq!(release.code, 0, "{release:?}");
+    assert!(
+        release.stdout.contains("a waiting client was woken"),
+        "{release:?}"
+    );
+    let next = tokio::time::timeout(PATIENCE, waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    next.release().await.unwrap();
+    drop(guards);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_lists_one_row_per_lock_and_releases_by_majority() {
+    let nodes = [
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    ];
+    let hosts: Vec<String> = nodes
+        .iter()
+        .map(|node| format!("127.0.0.1:{}", node.port()))
+        .collect();
+    let url = format!("redis-quorum://{}", hosts.join(","));
+    let holder = Client::new(Config::new(url.as_str())).unwrap();
+    let guard = Lock::new("ledger")
+        .ttl(Duration::from_secs(60))
+        .fencing()
+        .client(holder.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    // A stray token on one node only (an attempt being given back): not a
+    // holder.
+    let stray = "ffffffffffffffffffffffffffffffff|qdeadbeef";
+    nodes[0]
+        .command(&["SET", "lock:{stray}", stray, "PX", "60000"])
+        .unwrap();
+
+    let list = lockctl(&url, &["list"], "").await;
+    assert_eq!(list.code, 0, "{list:?}");
+    let columns = row(&list.stdout, "ledger").expect("a row for ledger");
+    assert_eq!(columns[4], guard.token()[..8], "{list:?}");
+    assert_eq!(columns[5], "on", "{list:?}");
+    assert_eq!(columns[6], "3/3", "{list:?}");
+    assert_eq!(
+        columns[7],
+        guard.fencing_token().unwrap().to_string(),
+        "{list:?}"
+    );
+    let stray_row = row(&list.stdout, "stray").expect("a row for stray");
+    assert_eq!(
+        stray_row[4], "-",
+        "a minority token holds nothing: {list:?}"
+    );
+
+    let admin = Client::new(Config::new(url.as_str())).unwrap();
+    let info = admin.lock_info("stray").await.unwrap();
+    assert_eq!(info[0].holders[0].nodes, 1);
+    assert!(!info[0].is_held());
+    assert!(admin
+        .force_release("stray", LockKind::Exclusive)
+        .await
+        .unwrap()
+        .is_empty());
+
+    let release = lockctl(&url, &["release", "ledger", "--force", "--yes"], "").await;
+    assert_eq!(release.code, 0, "{release:?}");
+    assert!(release.stdout.contains("released"), "{release:?}");
+    for node in &nodes {
+        assert_eq!(
+            node.command(&["EXISTS", "lock:{ledger}"]).unwrap(),
+            ":0\r\n"
+        );
+    }
+    assert!(guard.release().await.unwrap_err().is_lost());
+}
