@@ -114,6 +114,57 @@ async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_maj
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
 }
 
+/// The same with nodes killed (SIGKILL) instead of stopped, and one of them
+/// restarted empty: a renewed holder keeps its lock with 2 of 5 killed; a
+/// renewal never re-creates the key on the restarted node (it extends, it
+/// does not create: that node stays out of the hold); a third node killed
+/// leaves 2 holding it, and the body run under the lock is stopped with
+/// `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_rides_out_a_killed_minority_and_is_stopped_by_a_killed_majority() {
+    let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let ttl = Duration::from_millis(900);
+    let guard = Lock::new("killed")
+        .ttl(ttl)
+        .renew()
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    wait_until_async("every node holds it", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| value(&redis(node, &["GET", "lock:{killed}"])).is_some())
+    })
+    .await;
+    nodes[0].kill();
+    nodes[1].kill();
+    let port = nodes[0].port();
+    nodes[0] = RedisServer::start_on(port).unwrap();
+    let before = client.renewal_stats().renewals_sent;
+    wait_until_async("four renewals", LINE_TIMEOUT, || {
+        client.renewal_stats().renewals_sent >= before + 4
+    })
+    .await;
+    assert!(guard.is_held(), "lost with only a minority killed");
+    assert_eq!(
+        value(&redis(&nodes[0], &["GET", "lock:{killed}"])),
+        None,
+        "a renewal re-created the key on the node restarted without it"
+    );
+    // A third node killed: 2 of 5 hold it; the body is stopped.
+    let body = guard.run(std::future::pending::<()>());
+    nodes[2].kill();
+    let killed = Instant::now();
+    let stopped = tokio::time::timeout(LINE_TIMEOUT, body).await.unwrap();
+    assert!(
+        matches!(stopped, Err(LockError::Lost { .. })),
+        "{stopped:?}"
+    );
+    assert!(killed.elapsed() < ttl + Duration::from_millis(700));
+}
+
 /// Mutual exclusion and fencing across processes: 3 processes x 2 tasks x
 /// 8 fenced sections on one key over 5 nodes, while one node at a time is
 /// stopped and resumed (a fixed sequence); the non-atomic counter is exact
