@@ -194,7 +194,7 @@ pub struct LockInfo {
     /// [`LockInfo::holding`]).
     pub holders: Vec<Holder>,
     /// Queued waiters whose place has not expired (over a quorum, where
-    /// waiters do not queue: 0).
+    /// each waiter queues on every node: the most queued on one node).
     pub waiters: u64,
     /// The last fencing token handed out for it, while its fence key lives
     /// (a minute, or the ttl if longer, after each acquisition with

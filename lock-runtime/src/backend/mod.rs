@@ -95,6 +95,9 @@ pub(crate) struct AcquireRequest<'a> {
     /// The lock is `fair`: `respect` on every attempt (else only right after
     /// this client handed the lock to a waiter).
     pub(crate) fair: bool,
+    /// When the caller's wait ends (`None`: a try). Over a quorum no node is
+    /// waited for past it: a waiter must not overrun its `wait`.
+    pub(crate) deadline: Option<Instant>,
     /// An earlier attempt with this token got no answer: if the lock holds
     /// the token, that attempt took it.
     pub(crate) mine: bool,

@@ -63,6 +63,14 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// release): the woken waiter's head start.
 const WOKEN_WAITER_HEAD_START: Duration = Duration::from_millis(200);
 
+/// The shortest ttl over a quorum: shorter, the drift allowance (1 % + 2 ms)
+/// and a round trip leave no validity.
+const MIN_QUORUM_TTL_MS: u64 = 10;
+
+/// How long each node may take to answer an attempt made at (or after) the
+/// end of a wait.
+const LAST_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(5);
+
 /// The pause range between a waiter's attempts, in ms.
 const RETRY_JITTER_MS: (u64, u64) = (20, 120);
 
@@ -223,6 +231,25 @@ fn jitter() -> Duration {
     Duration::from_millis(low + u64::from(byte[0]) * (high - low) / 255)
 }
 
+/// The error of an attempt that a majority granted, but whose validity ran
+/// out before it was held (the nodes answered too slowly for the ttl, or the
+/// fencing write-back did not reach a majority in time). Given back.
+fn not_held_in_time(keys: &LockKeys, elapsed: Duration, ttl_ms: u64) -> LockError {
+    LockError::redis(
+        keys.name(),
+        "acquire",
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "a majority granted the lock, but after {elapsed:?} of its {ttl_ms} ms ttl no \
+                 validity was left (or its fencing token did not reach a majority in time); it \
+                 was given back: give a longer ttl, or check the nodes' latency"
+            ),
+        )
+        .into(),
+    )
+}
+
 /// The error of a majority that did not answer.
 fn no_majority(
     keys: &LockKeys,
@@ -264,7 +291,7 @@ impl Backend for QuorumBackend {
                 }
                 .into());
             }
-            if drift(request.ttl_ms) * 2 >= Duration::from_millis(request.ttl_ms) {
+            if request.ttl_ms < MIN_QUORUM_TTL_MS {
                 return Err(ConfigError::InvalidTtl {
                     name: request.keys.name().to_owned(),
                     ttl: Duration::from_millis(request.ttl_ms),
@@ -294,7 +321,18 @@ impl Backend for QuorumBackend {
                 token: &attempt,
                 ..request
             };
-            let timeout = node_timeout(request.ttl_ms, self.deadline);
+            // No node is waited for past the caller's wait (a stopped node
+            // must not make a waiter overrun it); a few ms at least, so that
+            // the last attempt of a wait can still be answered.
+            let full = node_timeout(request.ttl_ms, self.deadline);
+            let timeout = request.deadline.map_or(full, |deadline| {
+                full.min(
+                    deadline
+                        .saturating_duration_since(started)
+                        .max(LAST_ATTEMPT_TIMEOUT),
+                )
+            });
+            let cut_short = timeout < full;
             // Settled as soon as a majority granted it, or can no longer.
             let mut pending: FuturesUnordered<_> = self
                 .nodes
@@ -308,14 +346,16 @@ impl Backend for QuorumBackend {
                 })
                 .collect();
             let (quorum, nodes) = (self.quorum(), self.nodes.len());
-            let (mut granted, mut refused) = (0, 0);
+            let (mut granted, mut refused, mut answered) = (0, 0, 0);
             let mut busy = false;
             let mut fence: Option<u64> = None;
             let mut error = None;
             let mut failed = Vec::new();
             let mut granting = vec![false; nodes];
             while let Some((node, answer)) = pending.next().await {
-                if !matches!(answer, Some(Ok(_))) {
+                if matches!(answer, Some(Ok(_))) {
+                    answered += 1;
+                } else {
                     failed.push(node);
                 }
                 match answer {
@@ -398,7 +438,9 @@ impl Backend for QuorumBackend {
             // when it resumes, after the attempt it follows on the same
             // connection; the next attempt writes another value).
             self.give_back(request.keys, attempt);
-            if busy {
+            // Nodes cut off by the end of the wait, and no node failing:
+            // not acquired within the wait, as a busy lock is.
+            if busy || (cut_short && error.is_none() && granted < quorum) {
                 // A client that just woke a waiter (`respect`) gives it time
                 // to take the lock before trying again without deferring.
                 let pause = if request.respect {
@@ -410,8 +452,16 @@ impl Backend for QuorumBackend {
                     expires_in: Some(pause),
                 });
             }
+            if granted >= quorum {
+                // A majority granted it, but too late to hold it.
+                return Err(not_held_in_time(
+                    request.keys,
+                    started.elapsed(),
+                    request.ttl_ms,
+                ));
+            }
             // No node answered busy: the ones that answered granted it.
-            Err(error.unwrap_or_else(|| no_majority(request.keys, "acquire", granted, quorum)))
+            Err(error.unwrap_or_else(|| no_majority(request.keys, "acquire", answered, quorum)))
         })
     }
 
@@ -424,47 +474,76 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<Release, LockError>> {
         Box::pin(async move {
             let sent_at = Instant::now();
-            // An exclusive lock's release wakes the first waiter queued on
-            // each node (`hold_at_least` keeps the key: nobody to wake).
+            // Sent to every node in the background; settled as soon as the
+            // answers decide it (a majority released it, or no longer held
+            // it), so a stopped node does not hold the release up; the
+            // others still get it. An exclusive lock's release wakes the
+            // first waiter queued on each node (`hold_at_least` keeps the
+            // key: nobody to wake).
             let waking = kind == Kind::Exclusive && keep_ms == 0;
-            let answers = self
-                .on_all(self.deadline, |node| async move {
-                    if waking {
-                        node.release_waking(keys, token).await
-                    } else {
-                        node.release(kind, keys, token, keep_ms).await
-                    }
-                })
-                .await;
-            let (mut mine, mut other, mut answered) = (0, false, 0);
+            let (answers, mut received) = tokio::sync::mpsc::unbounded_channel();
+            let (nodes, owned_keys) = (Arc::clone(&self.nodes), keys.clone());
+            let (token_owned, deadline) = (token.to_owned(), self.deadline);
+            tokio::spawn(async move {
+                let mut releases: FuturesUnordered<_> = nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, node)| {
+                        let (keys, token) = (&owned_keys, token_owned.as_str());
+                        async move {
+                            let release = async {
+                                if waking {
+                                    node.release_waking(keys, token).await
+                                } else {
+                                    node.release(kind, keys, token, keep_ms).await
+                                }
+                            };
+                            (i, tokio::time::timeout(deadline, release).await.ok())
+                        }
+                    })
+                    .collect();
+                while let Some(answer) = releases.next().await {
+                    let _ = answers.send(answer);
+                }
+            });
+            let (quorum, nodes) = (self.quorum(), self.nodes.len());
+            let (mut mine, mut not, mut other) = (0, 0, false);
             let (mut retried, mut woke) = (false, false);
             let mut failed = Vec::new();
-            for (node, answer) in answers.into_iter().enumerate() {
+            while let Some((node, answer)) = received.recv().await {
                 let Some(Ok(release)) = answer else {
                     failed.push(node);
                     continue;
                 };
-                answered += 1;
                 retried |= release.retried;
                 woke |= release.woke;
                 match release.found {
                     Found::Mine => mine += 1,
-                    Found::Other => other = true,
-                    Found::Gone => {}
+                    Found::Other => {
+                        not += 1;
+                        other = true;
+                    }
+                    Found::Gone => not += 1,
+                }
+                if mine >= quorum || not > nodes - quorum {
+                    break;
                 }
             }
-            let found = if mine >= self.quorum() {
+            let found = if mine >= quorum {
                 for &node in &failed {
                     self.node_failed(node, "release");
                 }
                 Found::Mine
-            } else if mine + (self.nodes.len() - answered) >= self.quorum() {
-                // Too few answers to say it was lost.
-                return Err(no_majority(keys, "release", answered, self.quorum()));
-            } else if other {
-                Found::Other
+            } else if not > nodes - quorum {
+                // A majority no longer held it.
+                if other {
+                    Found::Other
+                } else {
+                    Found::Gone
+                }
             } else {
-                Found::Gone
+                // The nodes that did not answer could still hold it.
+                return Err(no_majority(keys, "release", mine + not, quorum));
             };
             Ok(Release {
                 found,

@@ -474,6 +474,7 @@ impl Lock {
             core,
             keys,
             ttl_ms,
+            deadline: self.wait.and_then(|wait| Instant::now().checked_add(wait)),
         })
     }
 

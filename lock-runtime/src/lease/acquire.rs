@@ -38,6 +38,9 @@ pub(crate) struct Acquisition<'a> {
     pub(crate) ttl_ms: u64,
     /// The innermost scope of the same lock up this task's call chain.
     pub(crate) held: Option<Arc<Scope>>,
+    /// When the wait ends, counted from when the acquisition began (`None`
+    /// without a wait, or for a wait too long to count).
+    pub(crate) deadline: Option<Instant>,
 }
 
 /// A lock's settings, as an acquisition needs them.
@@ -499,6 +502,7 @@ impl Acquisition<'_> {
             join: join_queue,
             respect: respect_queue,
             fair: self.settings.fair,
+            deadline: self.deadline,
             mine: earlier_unknown,
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
         };

@@ -7,8 +7,10 @@
 --
 -- KEYS[1] lock, KEYS[2] queue, KEYS[3] waiters. ARGV[1] token.
 -- Preceded by publish.lua, mark.lua and prune.lua.
--- Replies 2 released and the message was received by the waiter's client,
--- 1 released (nobody to wake, or nobody listening), 0 the key was gone,
+-- Replies 2 released and a queued waiter was sent the message (a client
+-- listens on one node of the quorum, so most nodes' messages reach nobody:
+-- what matters to the releaser is that a waiter was queued), 1 released
+-- (nobody queued), 0 the key was gone,
 -- -1 another holder's token is there (left untouched).
 local held = redis.call('GET', KEYS[1])
 if held == false then return 0 end
@@ -21,5 +23,5 @@ local head = prune(2, 3, false, function() return now_ms end)
 if not head then return 1 end
 local bar = string.find(head, '|', 1, true)
 if not bar then return 1 end
-if publish_to(string.sub(head, 1, bar - 1), string.sub(head, bar + 1)) > 0 then return 2 end
-return 1
+publish_to(string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
+return 2
