@@ -50,9 +50,31 @@ use crate::keys::LockKeys;
 pub(crate) struct QuorumBackend {
     nodes: Arc<Vec<RedisBackend>>,
     deadline: Duration,
+    warnings: Arc<NodeWarnings>,
+}
+
+/// The warnings about nodes whose failures the quorum carried.
+struct NodeWarnings {
     /// When each node's failure was last logged (ms since `started`).
     warned: Vec<AtomicU64>,
     started: Instant,
+}
+
+impl NodeWarnings {
+    /// A node failed a call that the quorum carried anyway: not returned,
+    /// so logged (at most every [`WARN_EVERY`] per node), since the quorum
+    /// now tolerates one failure less.
+    fn failed(&self, node: usize, what: &str) {
+        let now = self.started.elapsed().as_millis() as u64 + WARN_EVERY.as_millis() as u64;
+        let last = self.warned[node].load(Ordering::Relaxed);
+        if now >= last + WARN_EVERY.as_millis() as u64
+            && self.warned[node]
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(node, "a quorum node failed a {what} the others carried; the quorum tolerates one failure less until it is back");
+        }
+    }
 }
 
 /// The least time between two warnings about one node.
@@ -77,26 +99,18 @@ const RETRY_JITTER_MS: (u64, u64) = (20, 120);
 impl QuorumBackend {
     pub(crate) fn new(nodes: Vec<RedisBackend>, deadline: Duration) -> QuorumBackend {
         QuorumBackend {
-            warned: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
+            warnings: Arc::new(NodeWarnings {
+                warned: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
+                started: Instant::now(),
+            }),
             nodes: Arc::new(nodes),
             deadline,
-            started: Instant::now(),
         }
     }
 
-    /// A node failed a call that the quorum carried anyway: not returned,
-    /// so logged (at most every [`WARN_EVERY`] per node), since the quorum
-    /// now tolerates one failure less.
+    /// See [`NodeWarnings::failed`].
     fn node_failed(&self, node: usize, what: &str) {
-        let now = self.started.elapsed().as_millis() as u64 + WARN_EVERY.as_millis() as u64;
-        let last = self.warned[node].load(Ordering::Relaxed);
-        if now >= last + WARN_EVERY.as_millis() as u64
-            && self.warned[node]
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(node, "a quorum node failed a {what} the others carried; the quorum tolerates one failure less until it is back");
-        }
+        self.warnings.failed(node, what);
     }
 
     /// N/2 + 1.
@@ -482,8 +496,13 @@ impl Backend for QuorumBackend {
             // key: nobody to wake).
             let waking = kind == Kind::Exclusive && keep_ms == 0;
             let (answers, mut received) = tokio::sync::mpsc::unbounded_channel();
+            // Whether the quorum carried the release: then the nodes that
+            // failed it (seen by the background task, which waits for every
+            // node) are logged; a release that fails is returned instead.
+            let (carried, was_carried) = tokio::sync::oneshot::channel::<bool>();
             let (nodes, owned_keys) = (Arc::clone(&self.nodes), keys.clone());
             let (token_owned, deadline) = (token.to_owned(), self.deadline);
+            let warnings = Arc::clone(&self.warnings);
             tokio::spawn(async move {
                 let mut releases: FuturesUnordered<_> = nodes
                     .iter()
@@ -502,17 +521,26 @@ impl Backend for QuorumBackend {
                         }
                     })
                     .collect();
+                let mut failed = Vec::new();
                 while let Some(answer) = releases.next().await {
+                    if !matches!(answer.1, Some(Ok(_))) {
+                        failed.push(answer.0);
+                    }
                     let _ = answers.send(answer);
+                }
+                // Every answer is in: the release can settle on them all.
+                drop(answers);
+                if !failed.is_empty() && was_carried.await.unwrap_or(false) {
+                    for node in failed {
+                        warnings.failed(node, "release");
+                    }
                 }
             });
             let (quorum, nodes) = (self.quorum(), self.nodes.len());
             let (mut mine, mut not, mut other) = (0, 0, false);
             let (mut retried, mut woke) = (false, false);
-            let mut failed = Vec::new();
-            while let Some((node, answer)) = received.recv().await {
+            while let Some((_, answer)) = received.recv().await {
                 let Some(Ok(release)) = answer else {
-                    failed.push(node);
                     continue;
                 };
                 retried |= release.retried;
@@ -529,10 +557,8 @@ impl Backend for QuorumBackend {
                     break;
                 }
             }
+            let _ = carried.send(mine >= quorum || not > nodes - quorum);
             let found = if mine >= quorum {
-                for &node in &failed {
-                    self.node_failed(node, "release");
-                }
                 Found::Mine
             } else if not > nodes - quorum {
                 // A majority no longer held it.
