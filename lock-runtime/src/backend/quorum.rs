@@ -495,52 +495,31 @@ impl Backend for QuorumBackend {
             // first waiter queued on each node (`hold_at_least` keeps the
             // key: nobody to wake).
             let waking = kind == Kind::Exclusive && keep_ms == 0;
-            let (answers, mut received) = tokio::sync::mpsc::unbounded_channel();
-            // Whether the quorum carried the release: then the nodes that
-            // failed it (seen by the background task, which waits for every
-            // node) are logged; a release that fails is returned instead.
-            let (carried, was_carried) = tokio::sync::oneshot::channel::<bool>();
-            let (nodes, owned_keys) = (Arc::clone(&self.nodes), keys.clone());
-            let (token_owned, deadline) = (token.to_owned(), self.deadline);
-            let warnings = Arc::clone(&self.warnings);
-            tokio::spawn(async move {
-                let mut releases: FuturesUnordered<_> = nodes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, node)| {
-                        let (keys, token) = (&owned_keys, token_owned.as_str());
-                        async move {
-                            let release = async {
-                                if waking {
-                                    node.release_waking(keys, token).await
-                                } else {
-                                    node.release(kind, keys, token, keep_ms).await
-                                }
-                            };
-                            (i, tokio::time::timeout(deadline, release).await.ok())
-                        }
-                    })
-                    .collect();
-                let mut failed = Vec::new();
-                while let Some(answer) = releases.next().await {
-                    if !matches!(answer.1, Some(Ok(_))) {
-                        failed.push(answer.0);
+            let shared = Arc::new((keys.clone(), token.to_owned()));
+            let deadline = self.deadline;
+            let mut releases: FuturesUnordered<_> = (0..self.nodes.len())
+                .map(|i| {
+                    let (nodes, shared) = (Arc::clone(&self.nodes), Arc::clone(&shared));
+                    async move {
+                        let (node, (keys, token)) = (&nodes[i], &*shared);
+                        let release = async {
+                            if waking {
+                                node.release_waking(keys, token).await
+                            } else {
+                                node.release(kind, keys, token, keep_ms).await
+                            }
+                        };
+                        (i, tokio::time::timeout(deadline, release).await.ok())
                     }
-                    let _ = answers.send(answer);
-                }
-                // Every answer is in: the release can settle on them all.
-                drop(answers);
-                if !failed.is_empty() && was_carried.await.unwrap_or(false) {
-                    for node in failed {
-                        warnings.failed(node, "release");
-                    }
-                }
-            });
+                })
+                .collect();
             let (quorum, nodes) = (self.quorum(), self.nodes.len());
             let (mut mine, mut not, mut other) = (0, 0, false);
             let (mut retried, mut woke) = (false, false);
-            while let Some((_, answer)) = received.recv().await {
+            let mut failed = Vec::new();
+            while let Some((node, answer)) = releases.next().await {
                 let Some(Ok(release)) = answer else {
+                    failed.push(node);
                     continue;
                 };
                 retried |= release.retried;
@@ -557,7 +536,39 @@ impl Backend for QuorumBackend {
                     break;
                 }
             }
-            let _ = carried.send(mine >= quorum || not > nodes - quorum);
+            let carried = mine >= quorum || not > nodes - quorum;
+            if carried && !releases.is_empty() {
+                // The other nodes get a short grace (most answer within
+                // moments of the majority); a stopped one is left to a
+                // background task, which logs it if it fails.
+                let grace = (sent_at.elapsed() * 2)
+                    .max(Duration::from_millis(2))
+                    .min(deadline);
+                let _ = tokio::time::timeout(grace, async {
+                    while let Some(answer) = releases.next().await {
+                        if answer.1.as_ref().is_some_and(Result::is_ok) {
+                            continue;
+                        }
+                        failed.push(answer.0);
+                    }
+                })
+                .await;
+                if !releases.is_empty() {
+                    let warnings = Arc::clone(&self.warnings);
+                    tokio::spawn(async move {
+                        while let Some((node, answer)) = releases.next().await {
+                            if !matches!(answer, Some(Ok(_))) {
+                                warnings.failed(node, "release");
+                            }
+                        }
+                    });
+                }
+            }
+            if carried {
+                for &node in &failed {
+                    self.node_failed(node, "release");
+                }
+            }
             let found = if mine >= quorum {
                 Found::Mine
             } else if not > nodes - quorum {
