@@ -8,46 +8,11 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, RwLock, Semaphore};
 
-/// The README's minimal rule for the default `lock:` prefix.
-const RULE: &[&str] = &[
-    "on",
-    ">secret",
-    "resetkeys",
-    "~lock:*",
-    "resetchannels",
-    "&lock-waiters:*",
-    "-@all",
-    "+eval",
-    "+evalsha",
-    "+set",
-    "+get",
-    "+del",
-    "+exists",
-    "+pexpire",
-    "+pttl",
-    "+time",
-    "+lindex",
-    "+lpop",
-    "+lrange",
-    "+lrem",
-    "+rpush",
-    "+zadd",
-    "+zcard",
-    "+zrange",
-    "+zrem",
-    "+zremrangebyscore",
-    "+zscore",
-    "+publish",
-    "+spublish",
-    "+subscribe",
-    "+ssubscribe",
-    "+unsubscribe",
-    "+ping",
-    "+hello",
-    "+cluster|slots",
-    "+wait",
-    "+asking",
-];
+/// The README's minimal rule for the default `lock:` prefix, for a user
+/// whose password is `secret`.
+fn rule() -> Vec<&'static str> {
+    [&["on", ">secret"][..], test_support::LOCK_ACL].concat()
+}
 
 fn user(server: &RedisServer, name: &str, rule: &[&str]) -> Client {
     let mut args = vec!["ACL", "SETUSER", name];
@@ -61,7 +26,10 @@ fn user(server: &RedisServer, name: &str, rule: &[&str]) -> Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_rule_runs_every_primitive() {
     let server = RedisServer::start();
-    let (one, other) = (user(&server, "locker", RULE), user(&server, "locker", RULE));
+    let (one, other) = (
+        user(&server, "locker", &rule()),
+        user(&server, "locker", &rule()),
+    );
     // Try, busy, fencing, renew, release.
     let held = Lock::new("acl")
         .fencing()
@@ -108,12 +76,10 @@ async fn the_minimal_rule_runs_every_primitive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_permission_is_named_at_once() {
     let server = RedisServer::start();
-    let rule: Vec<&str> = RULE
-        .iter()
-        .copied()
+    let mut rule: Vec<&str> = rule()
+        .into_iter()
         .filter(|rule| *rule != "+evalsha")
         .collect();
-    let mut rule = rule;
     rule.push("-evalsha");
     let client = user(&server, "lacking", &rule);
     // The first call of a script is EVAL (allowed); its second is EVALSHA.

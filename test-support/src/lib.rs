@@ -31,6 +31,47 @@ use std::time::{Duration, Instant};
 /// on `PATH`).
 pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
 
+/// The README's minimal ACL rule for the default `lock:` prefix (keys,
+/// channels and commands; the user's `on` and password come before it):
+/// what `tests/acl.rs` proves enough, and what lockctl's tests extend.
+pub const LOCK_ACL: &[&str] = &[
+    "resetkeys",
+    "~lock:*",
+    "resetchannels",
+    "&lock-waiters:*",
+    "-@all",
+    "+eval",
+    "+evalsha",
+    "+set",
+    "+get",
+    "+del",
+    "+exists",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+lindex",
+    "+lpop",
+    "+lrange",
+    "+lrem",
+    "+rpush",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+    "+publish",
+    "+spublish",
+    "+subscribe",
+    "+ssubscribe",
+    "+unsubscribe",
+    "+ping",
+    "+hello",
+    "+cluster|slots",
+    "+wait",
+    "+asking",
+];
+
 /// A running private redis-server.
 pub struct RedisServer {
     child: Child,
