@@ -10,6 +10,8 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use lock_runtime::{Client, Config, ConfigError, Lock, LockError};
 
 /// The value of `key` on `node`, if any.
@@ -49,12 +51,16 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
                     panic!("n={n}, unavailable {unavailable:?}: not taken: {error}")
                 });
                 guard.release().await.unwrap();
-            } else {
+            } else if n - stopped.len() > n / 2 {
+                // A majority answered, and too few of them were free.
                 assert!(
-                    matches!(
-                        taken,
-                        Err(LockError::Busy { .. }) | Err(LockError::Redis { .. })
-                    ),
+                    matches!(taken, Err(LockError::Busy { .. })),
+                    "n={n}, unavailable {unavailable:?}: {taken:?}"
+                );
+            } else {
+                // Too few answered to tell: an error, never `Busy`.
+                assert!(
+                    matches!(&taken, Err(error @ LockError::Redis { .. }) if !error.is_busy()),
                     "n={n}, unavailable {unavailable:?}: {taken:?}"
                 );
             }
@@ -487,6 +493,79 @@ async fn try_acquire_with_every_node_silent_is_an_error_not_busy() {
     );
 }
 
+/// With no majority reachable (3 of 5 nodes stopped or killed), every call
+/// ends within its bounds with an error that says how many nodes answered
+/// and which did not: a `Redis` error (`is_busy()` false), never `Busy` or
+/// `WaitTimeout`, whether the nodes that answer hold another's key or
+/// nothing. A try, a waiting acquire and the holder's release alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_majority_reachable_is_an_error_naming_the_silent_nodes() {
+    let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let (holder, other) = (quorum_client(&nodes), quorum_client(&nodes));
+    let lock = |name: &str, client: &Client| {
+        Lock::new(name)
+            .ttl(Duration::from_secs(10))
+            .client(client.clone())
+    };
+    let held = lock("reach", &holder).try_acquire().await.unwrap();
+    // Connections opened first, so that the nodes' failures are what is
+    // reported.
+    lock("free", &other)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let silent: Vec<String> = nodes[..3]
+        .iter()
+        .map(|node| format!("127.0.0.1:{}", node.port()))
+        .collect();
+    signal(&nodes[0], "-STOP");
+    signal(&nodes[1], "-STOP");
+    nodes[2].kill();
+    let says_so = |what: &str, result: Result<lock_runtime::LockGuard, LockError>| {
+        let error = result.expect_err(what);
+        assert!(
+            matches!(error, LockError::Redis { .. }) && !error.is_busy(),
+            "{what}: {error:?}"
+        );
+        let message = error.to_string();
+        assert!(message.contains("2 of 5 nodes"), "{what}: {message}");
+        for node in &silent {
+            assert!(
+                message.contains(node.as_str()),
+                "{what}: {node} not named: {message}"
+            );
+        }
+    };
+    // The two nodes that answer hold the lock for `holder`.
+    says_so("a try", lock("reach", &other).try_acquire().await);
+    says_so(
+        "a try of a free lock",
+        lock("free", &other).try_acquire().await,
+    );
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let waited = lock("reach", &other).wait(wait).acquire().await;
+    let took = started.elapsed();
+    says_so("a waiting acquire", waited);
+    assert!(
+        took < wait + Duration::from_secs(3),
+        "a wait of {wait:?} ended after {took:?}"
+    );
+    let released = held.release().await;
+    for node in &nodes[..2] {
+        signal(node, "-CONT");
+    }
+    let error = released.expect_err("a release two nodes answered");
+    let message = error.to_string();
+    assert!(
+        matches!(error, LockError::Redis { .. }) && message.contains("2 of 5 nodes"),
+        "{message}"
+    );
+}
+
 /// A release reports `Lost` only when a majority no longer held the lock.
 /// Here 1 node of 3 lost the key (deleted, as a restart without data does)
 /// and 1 is stopped: 2 of 3 (the stopped one included) still hold it, so
@@ -687,14 +766,12 @@ async fn a_busy_fenced_attempt_leaves_the_holders_value_alone() {
     held.release().await.unwrap();
 }
 
-/// Waiters over a quorum are woken by the release: each waiter queues on
-/// every node, and each node's release wakes the first waiter queued there.
+/// Waiters over a quorum stand in one line per node, ordered by the ticket
+/// each sends unchanged to every node, and a release wakes the first of them.
 /// A holder that releases and asks again at once (in the same task, so its
-/// attempt goes out before the woken waiter's) lets the waiter it woke go
-/// first: its first attempt respects the queues, instead of snatching the
-/// lock back while the waiter sleeps its retry pause. Five times in a row,
-/// the waiter gets the lock; and the winner leaves no stale place in any
-/// node's queue.
+/// attempt goes out before the woken waiter's) finds the waiter in line and
+/// stands behind it instead of taking the lock back. Five times in a row the
+/// waiter gets the lock, and no place is left in any line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -702,15 +779,17 @@ async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
     let lock = |client: &Client| {
         Lock::new("woken")
             .ttl(Duration::from_secs(10))
-            .wait(Duration::from_secs(5))
+            .wait(LINE_TIMEOUT)
             .client(client.clone())
     };
-    let queued = |length: &'static str| {
+    // How many nodes have `waiters` in line.
+    let in_line = |waiters: &'static str| {
         let nodes = &nodes;
         move || {
             nodes
                 .iter()
-                .all(|node| redis(node, &["LLEN", "lock:{woken}:queue"]) == length)
+                .filter(|node| redis(node, &["ZCARD", "lock:{woken}:tickets"]) == waiters)
+                .count()
         }
     };
     let mut holder = lock(&first).acquire().await.unwrap();
@@ -720,11 +799,10 @@ async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
             let lock = lock(waiting);
             tokio::spawn(async move { lock.acquire().await })
         };
-        wait_until_async(
-            "the waiter is queued on every node",
-            LINE_TIMEOUT,
-            queued(":1\r\n"),
-        )
+        let one_in_line = in_line(":1\r\n");
+        wait_until_async("the waiter is in line on a majority", LINE_TIMEOUT, || {
+            one_in_line() >= 2
+        })
         .await;
         holder.release().await.unwrap();
         let asking_again = lock(holding);
@@ -739,7 +817,7 @@ async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
             .expect("the woken waiter got an answer")
             .unwrap()
             .unwrap_or_else(|error| panic!("round {round}: the waiter failed: {error}"));
-        // The old holder now waits behind the new one, queued on every node.
+        // The old holder now waits behind the new one.
         std::mem::swap(&mut holding, &mut waiting);
         holder.release().await.unwrap();
         holder = tokio::time::timeout(LINE_TIMEOUT, again)
@@ -747,17 +825,67 @@ async fn a_released_lock_goes_to_the_woken_waiter_not_back_to_its_holder() {
             .unwrap()
             .unwrap();
         std::mem::swap(&mut holding, &mut waiting);
-        wait_until_async(
-            "no place is left in any queue",
-            LINE_TIMEOUT,
-            queued(":0\r\n"),
-        )
+        let none_in_line = in_line(":0\r\n");
+        wait_until_async("no place is left in any line", LINE_TIMEOUT, || {
+            none_in_line() == nodes.len()
+        })
         .await;
     }
     holder.release().await.unwrap();
 }
 
-/// A waiter that gives up leaves the queue on every node at once (not when
+/// Quorum values carry no wake mark: with waiters in line, every node holds
+/// the holder's value exactly as its attempt wrote it,
+/// `<token>|q<8 hex digits>`, never followed by a waiter's entry (design
+/// §13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_values_carry_no_wake_mark() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let lock = |wait: Duration| {
+        Lock::new("unmarked")
+            .ttl(Duration::from_secs(10))
+            .wait(wait)
+            .client(client.clone())
+    };
+    // Taken while two waiters stand in line (the holder itself waited).
+    let first = lock(Duration::ZERO).try_acquire().await.unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = lock(LINE_TIMEOUT);
+            tokio::spawn(async move { lock.acquire().await })
+        })
+        .collect();
+    wait_until_async("three waiters in line on every node", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| redis(node, &["ZCARD", "lock:{unmarked}:tickets"]) == ":3\r\n")
+    })
+    .await;
+    first.release().await.unwrap();
+    // Each waiter in the order they get the lock.
+    let mut waiters: futures_util::stream::FuturesUnordered<_> = waiters.into_iter().collect();
+    while let Some(guard) = tokio::time::timeout(LINE_TIMEOUT, waiters.next())
+        .await
+        .expect("a waiter got the lock in time")
+    {
+        let guard = guard.unwrap().unwrap();
+        for node in &nodes {
+            if let Some(held) = get(node, "lock:{unmarked}") {
+                let (token, mark) = held.split_once("|q").expect("an attempt's value");
+                assert!(
+                    token.chars().all(|c| c.is_ascii_hexdigit())
+                        && mark.len() == 8
+                        && mark.chars().all(|c| c.is_ascii_hexdigit()),
+                    "a quorum value with more than its attempt mark: {held:?}"
+                );
+            }
+        }
+        guard.release().await.unwrap();
+    }
+}
+
+/// A waiter that gives up leaves the line on every node at once (not when
 /// its place times out), so releases do not wake a waiter that is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gives_up_leaves_every_nodes_queue() {
@@ -768,28 +896,38 @@ async fn a_waiter_that_gives_up_leaves_every_nodes_queue() {
         .try_acquire()
         .await
         .unwrap();
-    let waited = Lock::new("gone")
-        .wait(Duration::from_millis(300))
-        .client(client)
-        .acquire()
-        .await;
+    let waiter = {
+        let lock = Lock::new("gone")
+            .wait(Duration::from_secs(2))
+            .client(client);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let in_line = |count: &str| {
+        nodes
+            .iter()
+            .all(|node| redis(node, &["ZCARD", "lock:{gone}:tickets"]) == count)
+    };
+    wait_until_async("the waiter is in line on every node", LINE_TIMEOUT, || {
+        in_line(":1\r\n")
+    })
+    .await;
+    let waited = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
         matches!(waited, Err(LockError::WaitTimeout { .. })),
         "{waited:?}"
     );
-    // Its place would last 2 s (the refresh deadline) if it did not leave.
+    // Without the leave, its place would stay in line until its refresh
+    // deadline (2 s after its last attempt) and the line's key until twice
+    // that: 3 s after the wait ended, only the leave can have emptied it.
     let left = Instant::now();
-    wait_until_async(
-        "every node's queue is empty",
-        Duration::from_secs(1),
-        || {
-            nodes
-                .iter()
-                .all(|node| redis(node, &["LLEN", "lock:{gone}:queue"]) == ":0\r\n")
-        },
-    )
+    wait_until_async("every node's line is empty", Duration::from_secs(3), || {
+        in_line(":0\r\n")
+    })
     .await;
-    assert!(left.elapsed() < Duration::from_secs(1));
+    assert!(left.elapsed() < Duration::from_secs(3));
     drop(held);
 }
 

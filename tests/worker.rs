@@ -8,6 +8,13 @@
 //!   each a non-atomic GET / +1 / SET of COUNTER, appending its fencing token
 //!   to `COUNTER:fences`. `unlocked` runs the same sections without the lock
 //!   (the control that shows the race is real); `brief` with a 1 s ttl.
+//! - `sections KEY TASKS SECTIONS COUNTER`: prints `ready`, waits for `go`
+//!   on stdin, then TASKS tasks each call SECTIONS times a body under
+//!   `#[distributed_lock(ttl = "10s", wait = "5s", renew)]` (the issue-24
+//!   scenario) that does a non-atomic GET / +1 / SET of COUNTER and appends
+//!   the bookkeeping server's clock (µs) to `COUNTER:ends`. Prints `done
+//!   timeouts=T errors=E` (E: calls that failed otherwise, the first one's
+//!   message after `|`).
 //! - `lottery DATE INSTANCES`: prints `ready`, waits for `go` on stdin, then
 //!   calls the lottery job once; prints `won` or `skipped`.
 //! - `hold KEY TTL_MS`: takes the lock with the manual API, prints
@@ -95,6 +102,9 @@ async fn main() {
         }
         ["count-spread", prefix, keys, tasks, sections] => {
             count_spread(prefix, parse(keys), parse(tasks), parse(sections)).await
+        }
+        ["sections", key, tasks, sections, counter] => {
+            timed_sections(key, parse(tasks), parse(sections), counter).await
         }
         ["lottery", date, instances] => lottery(date, parse(instances)).await,
         ["hold", key, ttl_ms] => hold(key, parse(ttl_ms)).await,
@@ -252,6 +262,49 @@ async fn count(key: &str, tasks: usize, sections: usize, counter: &str, section:
         handle.await.unwrap();
     }
     say("done");
+}
+
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "5s", renew)]
+async fn renewed_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    increment(redis, counter).await;
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    let _: i64 = redis
+        .rpush(format!("{counter}:ends"), seconds * 1_000_000 + micros)
+        .await
+        .unwrap();
+    Ok(())
+}
+
+async fn timed_sections(key: &str, tasks: usize, sections: usize, counter: &str) {
+    say("ready");
+    assert_eq!(next_line().await, "go");
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (key, counter) = (key.to_owned(), counter.to_owned());
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            let (mut timeouts, mut errors) = (0, Vec::new());
+            for _ in 0..sections {
+                match renewed_section(&key, &mut redis, &counter).await {
+                    Ok(()) => {}
+                    Err(LockError::WaitTimeout { .. }) => timeouts += 1,
+                    Err(error) => errors.push(error.to_string()),
+                }
+            }
+            (timeouts, errors)
+        }));
+    }
+    let (mut timeouts, mut errors) = (0, Vec::new());
+    for handle in handles {
+        let (task_timeouts, task_errors) = handle.await.unwrap();
+        timeouts += task_timeouts;
+        errors.extend(task_errors);
+    }
+    let first = errors.first().cloned().unwrap_or_default();
+    say(&format!(
+        "done timeouts={timeouts} errors={}|{first}",
+        errors.len()
+    ));
 }
 
 /// `count` on `keys` locks `<prefix>:<k>` at once (spread over a cluster's

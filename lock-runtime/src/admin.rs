@@ -550,6 +550,7 @@ const SUFFIXES: &[&str] = &[
     "",
     ":fence",
     ":queue",
+    ":tickets",
     ":waiters",
     ":rw",
     ":rw:readers",

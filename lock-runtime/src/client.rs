@@ -423,12 +423,15 @@ impl Client {
             let nodes = seeds
                 .iter()
                 .map(|node| {
-                    set_up(CallTarget::Node(
+                    let backend = set_up(CallTarget::Node(
                         Box::new(node.clone()),
                         manager_config.clone(),
-                    ))
+                    ))?
+                    .quorum_node();
+                    // `host:port`: never the credentials.
+                    Ok((backend, node.get_connection_info().addr().to_string()))
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, LockError>>()?;
             Arc::new(QuorumBackend::new(nodes, call_deadline(&config)))
         } else {
             Arc::new(set_up(CallTarget::Node(
@@ -446,6 +449,8 @@ impl Client {
                 #[cfg(feature = "tls-rustls")]
                 tls: config.tls.certificates(),
             }
+        } else if config.is_quorum() {
+            Transport::Quorum(seeds)
         } else {
             Transport::Node(seeds)
         };

@@ -58,6 +58,12 @@ impl LockKeys {
         DerivedKey(&self.lock, ":queue")
     }
 
+    /// Over a quorum, the waiters in the order of their tickets (a sorted
+    /// set: entry -> ticket).
+    pub(crate) fn tickets(&self) -> DerivedKey<'_> {
+        DerivedKey(&self.lock, ":tickets")
+    }
+
     /// Each waiter's deadline to refresh its place (a sorted set).
     pub(crate) fn waiters(&self) -> DerivedKey<'_> {
         DerivedKey(&self.lock, ":waiters")

@@ -190,9 +190,16 @@ impl RedisServer {
             Some(_) => command.args(["--port", "0", "--tls-port", &port.to_string()]),
             None => command.args(["--port", &port.to_string()]),
         };
+        // No save points; the file a replica's full sync writes goes to the
+        // temporary directory under a name of its own (removed on drop),
+        // never into the working directory.
+        let dbfilename = dump_file_name(port);
         command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(std::env::temp_dir())
+            .args(["--dbfilename", &dbfilename])
             .args(["--protected-mode", "yes", "--loglevel", "warning"])
             .args(extra)
             .stdin(Stdio::null())
@@ -302,9 +309,15 @@ impl RedisServer {
     }
 }
 
+/// The RDB file name of the server on `port` (in the temporary directory).
+fn dump_file_name(port: u16) -> String {
+    format!("lock-tests-dump-{port}.rdb")
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dump_file_name(self.port)));
         if let Some(tls) = &self.tls {
             let _ = std::fs::remove_dir_all(&tls.dir);
         }

@@ -229,6 +229,10 @@ pub(crate) struct Connection {
     deadline: Duration,
     /// The scripts this client had Redis run (sent as EVAL the first time).
     scripts: ScriptsSent,
+    /// A refused connection fails the call on its second refusal instead of
+    /// being retried within its deadline: a quorum's node, where the attempt
+    /// counts the node as failed and goes on with the others.
+    refusal_is_final: bool,
 }
 
 /// One connection manager; replaced as a whole when a call times out.
@@ -249,7 +253,14 @@ impl Connection {
             generation: AtomicU64::new(0),
             deadline,
             scripts: ScriptsSent::default(),
+            refusal_is_final: false,
         })
+    }
+
+    /// A refused connection fails a call at once (see `refusal_is_final`).
+    pub(crate) fn refusal_is_final(mut self) -> Connection {
+        self.refusal_is_final = true;
+        self
     }
 
     /// The connection calls are made on now.
@@ -311,7 +322,12 @@ impl Connection {
                         return Err(timed_out(self.deadline));
                     }
                 };
-            if !retryable(&error) || Instant::now() + pause >= deadline {
+            // A refusal may be the answer to a reconnect made while the
+            // server was down: one more try after a fresh reconnect.
+            if !retryable(&error)
+                || (self.refusal_is_final && error.is_connection_refusal() && number > 0)
+                || Instant::now() + pause >= deadline
+            {
                 return Err(error);
             }
             tokio::time::sleep(pause).await;

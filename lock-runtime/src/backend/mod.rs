@@ -19,7 +19,7 @@ mod scripts;
 mod slot_map;
 mod slots;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
@@ -103,6 +103,30 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) mine: bool,
     /// How long a queued waiter keeps its place without refreshing it.
     pub(crate) waiter_timeout_ms: u64,
+    /// What the backend keeps across this waiter's attempts (`None`: a try,
+    /// or the first attempt of a waiting acquire, before it waits).
+    pub(crate) place: Option<&'a WaitPlace>,
+}
+
+/// What a backend keeps across one waiter's attempts: over a quorum, the
+/// waiter's ticket (its place in line, sent unchanged to every node so that
+/// every node orders its waiters alike) and what its last attempt showed.
+/// Unused on one server or a cluster, whose one queue per lock orders its
+/// waiters by itself.
+#[derive(Debug, Default)]
+pub(crate) struct WaitPlace {
+    /// The waiter's ticket; 0 until an attempt put it in line.
+    pub(crate) ticket: AtomicU64,
+    /// Its last attempt found it first in line on a majority of the nodes.
+    pub(crate) first: AtomicBool,
+    /// Its attempts in a row that found nobody holding the lock and still
+    /// got no majority (split votes).
+    pub(crate) split_votes: AtomicU32,
+    /// Its attempts so far: over a quorum each writes its number into its
+    /// value, and a node lets a later attempt of the same waiter replace an
+    /// earlier one's grant (given up, its give-back on its way), never the
+    /// reverse.
+    pub(crate) attempts: AtomicU32,
 }
 
 /// What an acquire attempt found.

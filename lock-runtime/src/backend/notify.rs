@@ -9,7 +9,8 @@
 //! - On one server, each client (so each process with the global client)
 //!   has one pub/sub connection subscribed to its own channel
 //!   `lock-waiters:<id>`, opened when its first waiter arrives and kept; it
-//!   serves every key its waiters wait on ([`node`]).
+//!   serves every key its waiters wait on ([`node`]). Over a quorum, one
+//!   such connection to each node.
 //! - On a Redis Cluster, a message published from a script must stay in the
 //!   script's slot, and a classic PUBLISH would be broadcast to every node:
 //!   a client has one channel per slot its waiters wait in,
@@ -43,6 +44,10 @@ pub(crate) enum Transport {
     /// One server: its address, or (for the notifier of a cluster that
     /// falls back to it) seed nodes tried in turn.
     Node(Vec<redis::Client>),
+    /// A quorum's independent masters: the client listens on every one of
+    /// them (a release goes to every node, so a waiter is woken while any
+    /// node that its lock needs is up).
+    Quorum(Vec<redis::Client>),
     /// A Redis Cluster, named by its seed nodes.
     Cluster {
         seeds: Vec<ConnectionInfo>,
@@ -260,6 +265,7 @@ impl Notifier {
         let notifier = Arc::downgrade(self);
         *task = Some(match &self.transport {
             Transport::Node(_) => runtime.spawn(node::run(notifier)),
+            Transport::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
             Transport::Cluster { .. } => runtime.spawn(cluster::run(notifier)),
         });
         true

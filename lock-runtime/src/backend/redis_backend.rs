@@ -4,8 +4,11 @@
 //! renewals in `renewal.rs`.
 
 mod inspect;
+mod quorum_node;
 mod renewal;
 mod shared;
+
+pub(crate) use quorum_node::{Ballot, Vote, VoteKind};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -16,9 +19,7 @@ use redis::{Cmd, Value};
 
 use super::ack_pool::{on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
-use super::scripts::{
-    evalsha, run, ACQUIRE, FENCE_RAISE, HANDOFF, LEAVE, QUORUM_RELEASE, RELEASE, RELEASE_KEEPING,
-};
+use super::scripts::{evalsha, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -48,6 +49,14 @@ impl RedisBackend {
             ack,
             cluster,
         })
+    }
+
+    /// A node of a quorum: a refused connection fails its calls at once
+    /// (the quorum goes on with the other nodes, and tries this one again
+    /// with its next call).
+    pub(crate) fn quorum_node(mut self) -> RedisBackend {
+        self.connection = self.connection.refusal_is_final();
+        self
     }
 
     /// Runs `attempt` under the call deadline (see [`Connection::call`]),
@@ -84,64 +93,6 @@ impl RedisBackend {
         let borrowed = self.ack_pool.as_ref().and_then(AckPool::borrow);
         let link = borrowed.as_ref().map_or(link, Borrowed::link);
         (Link::Acked(Box::new(link), ack), borrowed)
-    }
-
-    /// Makes the lock's last fencing token at least `token` (a quorum's
-    /// write-back, `lua/fence_raise.lua`).
-    pub(crate) async fn raise_fence(
-        &self,
-        keys: &LockKeys,
-        token: u64,
-        retention_ms: u64,
-    ) -> Result<(), LockError> {
-        let mut cmd = evalsha(&FENCE_RAISE, 1, 2, keys.lock.len() + 48);
-        cmd.arg(keys.fence()).arg(token).arg(retention_ms);
-        let (cmd, scripts) = (&cmd, self.connection.scripts());
-        self.call(
-            keys.name(),
-            "fencing write-back",
-            |mut connection, _| async move {
-                run::<i64>(&FENCE_RAISE, cmd, &mut connection, scripts).await
-            },
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// The release of an exclusive lock on one node of a quorum
-    /// (`quorum_release.lua`): compare-and-delete, then a wake-up for the
-    /// first waiter queued on this node (quorum values carry no wake mark).
-    pub(crate) async fn release_waking(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-    ) -> Result<Release, LockError> {
-        let mut cmd = evalsha(
-            &QUORUM_RELEASE,
-            3,
-            4,
-            3 * keys.lock.len() + token.len() + 24,
-        );
-        cmd.arg(&keys.lock)
-            .arg(keys.queue())
-            .arg(keys.waiters())
-            .arg(token);
-        let (cmd, scripts) = (&cmd, self.connection.scripts());
-        self.call(
-            keys.name(),
-            "release",
-            |mut connection, attempt| async move {
-                let sent_at = Instant::now();
-                let code: i64 = run(&QUORUM_RELEASE, cmd, &mut connection, scripts).await?;
-                Ok(Release {
-                    found: found(code),
-                    woke: code == 2,
-                    retried: attempt > 0,
-                    sent_at,
-                })
-            },
-        )
-        .await
     }
 
     /// One acquire, as the request asks (see [`Backend::acquire`]).

@@ -125,12 +125,36 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[PUBLISH, include_str!("lua/release.lua")].concat(), 2));
 
-/// `lua/quorum_release.lua`: the release on one node of a quorum,
-/// waking the first waiter queued there.
+/// `publish.lua` and `tickets.lua`: the helpers of the quorum scripts.
+const QUORUM_HELPERS: &str = concat!(
+    include_str!("lua/publish.lua"),
+    include_str!("lua/tickets.lua")
+);
+
+/// `lua/quorum_acquire.lua`: one node's part of an attempt over a quorum:
+/// take a free lock if nobody is ahead in line, or join the line.
+pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[QUORUM_HELPERS, include_str!("lua/quorum_acquire.lua")].concat(),
+        1 << 18,
+    )
+});
+
+/// `lua/quorum_release.lua`: the release (or a failed attempt's give-back)
+/// on one node of a quorum, waking the first waiter in line there.
 pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
-        &[HELPERS, include_str!("lua/quorum_release.lua")].concat(),
-        131072,
+        &[QUORUM_HELPERS, include_str!("lua/quorum_release.lua")].concat(),
+        1 << 17,
+    )
+});
+
+/// `lua/quorum_leave.lua`: a waiter over a quorum gives up its place on one
+/// node.
+pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[QUORUM_HELPERS, include_str!("lua/quorum_leave.lua")].concat(),
+        1 << 19,
     )
 });
 
@@ -271,10 +295,12 @@ mod tests {
     /// seen (a `NOSCRIPT` and a second round trip).
     #[test]
     fn every_script_has_its_own_bit() {
-        let scripts: [&LuaScript; 18] = [
+        let scripts: [&LuaScript; 20] = [
             &ACQUIRE,
             &RELEASE,
+            &QUORUM_ACQUIRE,
             &QUORUM_RELEASE,
+            &QUORUM_LEAVE,
             &RELEASE_KEEPING,
             &LEAVE,
             &RENEW,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::wait_for;
-use crate::backend::{retryable, Acquire, AcquireRequest, Kind};
+use crate::backend::{retryable, Acquire, AcquireRequest, Kind, WaitPlace};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
@@ -306,7 +306,7 @@ impl Acquisition<'_> {
         let token = new_token()?;
         let mut unknown = Unknown::new(self, &token);
         let respect = self.settings.fair;
-        match self.attempt(&mut unknown, "", false, respect).await? {
+        match self.attempt(&mut unknown, "", false, respect, None).await? {
             Attempt::Acquired(fence, found) => Ok(unknown.acquired(fence, found)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 name: self.name.to_owned(),
@@ -351,11 +351,14 @@ impl Acquisition<'_> {
         let mut subscription = notifier.join_ready(&token, slot);
         let mut respect = respect;
         let mut error_pause = FIRST_ERROR_PAUSE;
+        // Over a quorum: this waiter's ticket and what its attempts showed.
+        let line = WaitPlace::default();
         loop {
             let notified = subscription
                 .as_ref()
                 .map(crate::backend::Subscription::notified);
-            let expires_in = match self.attempt(&mut unknown, &member, true, respect).await {
+            let attempt = self.attempt(&mut unknown, &member, true, respect, Some(&line));
+            let expires_in = match attempt.await {
                 Ok(Attempt::Acquired(fence, found)) => {
                     place.left = true; // the acquire script took it out of the queue
                     return Ok(unknown.acquired(fence, found));
@@ -488,6 +491,7 @@ impl Acquisition<'_> {
         member: &str,
         join_queue: bool,
         respect_queue: bool,
+        place: Option<&WaitPlace>,
     ) -> Result<Attempt, LockError> {
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();
@@ -505,6 +509,7 @@ impl Acquisition<'_> {
             deadline: self.deadline,
             mine: earlier_unknown,
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
+            place,
         };
         let result = match self.core.backend().acquire(request).await {
             Ok(Acquire::Acquired { fence, found }) => Ok(Attempt::Acquired(fence, found)),

@@ -1,8 +1,10 @@
-//! The connection task of a client on one server: (re)connects, subscribes
-//! to the client's channel and dispatches messages. Ends when its client is
-//! gone, or when it cannot connect and no waiter is left.
+//! The connection task of a client on one server, or on every node of a
+//! quorum: (re)connects, subscribes to the client's channel and dispatches
+//! messages. Ends when its client is gone, or when it cannot connect and no
+//! waiter is left.
 
-use std::sync::Weak;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -13,18 +15,41 @@ use crate::backend::connection::within;
 /// The pause before connecting again after a failure.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 
+/// On one server (seed nodes tried in turn after a failure).
 pub(super) async fn run(notifier: Weak<Notifier>) {
+    listen(notifier, None).await;
+}
+
+/// On every node of a quorum at once: the channel counts as listened to
+/// while at least one node's subscription is up (a release goes to every
+/// node). Ends, with every node's subscription, when one of them finds no
+/// waiter left.
+pub(super) async fn run_quorum(notifier: Weak<Notifier>, nodes: usize) {
+    let listening = Arc::new(AtomicUsize::new(0));
+    let loops = (0..nodes).map(|node| {
+        Box::pin(listen(
+            notifier.clone(),
+            Some((node, Arc::clone(&listening))),
+        ))
+    });
+    futures_util::future::select_all(loops).await;
+}
+
+/// Listens on one server (`quorum`: node `.0` of a quorum, where `.1`
+/// counts the nodes listened on).
+async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize>)>) {
     let mut failures = 0u32;
     let mut seed = 0usize;
     loop {
         let Some(this) = notifier.upgrade() else {
             return;
         };
-        let Transport::Node(seeds) = &this.transport else {
-            return;
+        let redis = match (&this.transport, &quorum) {
+            (Transport::Quorum(nodes), Some((node, _))) => &nodes[*node],
+            // After a failure, the next seed node.
+            (Transport::Node(seeds), None) => &seeds[seed % seeds.len()],
+            _ => return,
         };
-        // After a failure, the next seed node.
-        let redis = &seeds[seed % seeds.len()];
         seed += 1;
         let channel = this.channel(0);
         let stream = match within(this.deadline, redis.get_async_pubsub()).await {
@@ -37,7 +62,14 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
             Ok(stream) => stream,
             Err(error) => {
                 if failures == 0 {
-                    tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
+                    match &quorum {
+                        Some((node, _)) => {
+                            tracing::warn!(%error, node, "lock notifications unavailable from a quorum node; its releases do not wake waiters until it is back")
+                        }
+                        None => {
+                            tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries")
+                        }
+                    }
                 }
                 failures += 1;
                 if this.end_task_if_idle() {
@@ -50,7 +82,15 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
         };
         failures = 0;
         seed -= 1; // stay on the node that works
-        this.set_ready(0);
+        match &quorum {
+            // The first node listened on: messages can arrive again.
+            Some((_, listening)) => {
+                if listening.fetch_add(1, Ordering::SeqCst) == 0 {
+                    this.set_ready(0);
+                }
+            }
+            None => this.set_ready(0),
+        }
         drop(this);
         while let Some(message) = stream.next().await {
             let Some(this) = notifier.upgrade() else {
@@ -62,7 +102,22 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
         let Some(this) = notifier.upgrade() else {
             return;
         };
-        this.set_lost(None);
-        tracing::warn!("lock notifications: connection lost; reconnecting");
+        match &quorum {
+            Some((node, listening)) => {
+                // The other nodes' messages still come, unless this was the
+                // last node listened on.
+                if listening.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    this.set_lost(None);
+                }
+                tracing::warn!(
+                    node,
+                    "lock notifications: connection to a quorum node lost; reconnecting"
+                );
+            }
+            None => {
+                this.set_lost(None);
+                tracing::warn!("lock notifications: connection lost; reconnecting");
+            }
+        }
     }
 }

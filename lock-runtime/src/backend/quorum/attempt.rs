@@ -1,0 +1,664 @@
+//! One attempt to take a lock over a quorum: every node asked at once, the
+//! answers counted as they come, settled as soon as they decide it.
+//!
+//! - **Held** when at least N/2+1 nodes granted it with validity left
+//!   (ttl − elapsed − drift, from this attempt's start).
+//! - **Not held**: given back on every node that granted it or whose answer
+//!   is unknown, in the background (the nodes that refused hold nothing of
+//!   it). Nodes that have not answered when the attempt settles are not
+//!   waited for: their calls go on in the background, and a late grant is
+//!   given back as soon as it comes.
+//! - **No waiting on a dead node**: a node that did not answer its last
+//!   call (or has not answered yet) is waited for only briefly when it alone
+//!   could still decide the attempt, so a stopped or killed minority costs
+//!   an attempt a few milliseconds, not the per-node timeout.
+//! - **Busy or unreachable**: `Busy` only when a majority answered; fewer
+//!   answers are an error naming the nodes that did not answer.
+//!
+//! Liveness under contention comes from the line of waiters
+//! (`tickets.lua`): every node orders its waiters by the ticket each sends
+//! unchanged to all of them, so every node defers to the same first waiter
+//! and split votes between waiters do not repeat (design §13).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::nodes::{answered, Nodes, Silence};
+use super::QuorumBackend;
+use crate::backend::redis_backend::{Ballot, Vote, VoteKind};
+use crate::backend::{Acquire, AcquireRequest, Kind, WaitPlace};
+use crate::error::{ConfigError, LockError};
+use crate::keys::LockKeys;
+
+/// The shortest ttl over a quorum: shorter, the drift allowance (1 % + 2 ms)
+/// and a round trip leave no validity.
+const MIN_QUORUM_TTL_MS: u64 = 10;
+
+/// How long each node may take to answer an attempt made at (or after) the
+/// end of a wait.
+const LAST_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(5);
+
+/// How long nodes that did not answer their last call (or none yet) are
+/// waited for, at least (and at least twice as long as the attempt took so
+/// far), when only they could still make a majority.
+const DOWN_NODE_PATIENCE: Duration = Duration::from_millis(10);
+
+/// The pause after the first split vote in a row (no holder, no majority):
+/// a random pause up to it, doubled after each further one up to
+/// [`SPLIT_VOTE_MAX_PAUSE`].
+const SPLIT_VOTE_PAUSE: Duration = Duration::from_millis(2);
+const SPLIT_VOTE_MAX_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a waiter that is not first in line sleeps without a message
+/// (the waiting loop refreshes its place sooner).
+const NOT_FIRST_PAUSE: Duration = Duration::from_secs(1);
+
+/// One node's call, in the background once the attempt has settled.
+type NodeCall = BoxFuture<'static, (usize, Option<Result<Vote, LockError>>)>;
+
+/// What each node said.
+enum Said {
+    /// Not yet answered.
+    Open,
+    /// Its answer, and its clock (µs) when it answered.
+    Voted(VoteKind, u64),
+    Silent(Silence),
+}
+
+impl QuorumBackend {
+    pub(super) async fn attempt(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        check(&request)?;
+        let started = Instant::now();
+        let place = request.place;
+        let ballot = Arc::new(Ballot {
+            keys: request.keys.clone(),
+            // The holder's token and the attempt's number: release and
+            // renewal match the token as a prefix, the give-back of a
+            // failed attempt only its own value, so a give-back that reaches
+            // a node late cannot delete a later attempt's grant; and a node
+            // lets a later attempt replace an earlier one's grant, never the
+            // reverse (an earlier attempt's call may land late).
+            value: format!("{}|q{:08x}", request.token, attempt_number(place)),
+            member: request.member.to_owned(),
+            ttl_ms: request.ttl_ms,
+            fence_retention_ms: request.fence_retention_ms,
+            waiter_timeout_ms: request.waiter_timeout_ms,
+            join: request.join,
+            // A try defers to the waiters in line, and so does a waiter,
+            // unless its last attempt found it first in line on a majority:
+            // the others defer to it then, and it takes a node whose first
+            // waiter is gone or not yet in line elsewhere.
+            respect: !place.is_some_and(|place| place.first.load(Ordering::Relaxed)),
+            mine: request.mine,
+            ticket: place
+                .filter(|_| request.join)
+                .map_or(0, |place| self.ticket(place)),
+        });
+        // No node is waited for past the caller's wait (a stopped node must
+        // not make a waiter overrun it); a few ms at least, so that the last
+        // attempt of a wait can still be answered.
+        let full = node_timeout(request.ttl_ms, self.deadline);
+        let timeout = request.deadline.map_or(full, |deadline| {
+            full.min(
+                deadline
+                    .saturating_duration_since(started)
+                    .max(LAST_ATTEMPT_TIMEOUT),
+            )
+        });
+        let cut_short = timeout < full;
+        let mut pending: FuturesUnordered<NodeCall> = (0..self.nodes.len())
+            .map(|node| {
+                let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(&ballot));
+                Box::pin(async move {
+                    let vote = nodes[node].redis.vote(&ballot);
+                    (node, tokio::time::timeout(timeout, vote).await.ok())
+                }) as NodeCall
+            })
+            .collect();
+        let mut said: Vec<Said> = (0..self.nodes.len()).map(|_| Said::Open).collect();
+        let quorum = self.nodes.quorum();
+        let granted = |said: &[Said]| {
+            said.iter()
+                .filter(|said| matches!(said, Said::Voted(VoteKind::Granted { .. }, _)))
+                .count()
+        };
+        // Settled as soon as a majority granted it, or can no longer; the
+        // nodes that failed their last call get only a short patience when
+        // they alone could still make the majority.
+        let mut cutoff: Option<Instant> = None;
+        loop {
+            let yes = granted(&said);
+            if yes >= quorum || yes + pending.len() < quorum {
+                break;
+            }
+            if cutoff.is_none() {
+                let up = (0..said.len())
+                    .filter(|&node| matches!(said[node], Said::Open) && self.nodes[node].is_up())
+                    .count();
+                if yes + up < quorum {
+                    let patience = (started.elapsed() * 2).max(DOWN_NODE_PATIENCE);
+                    cutoff = Some(Instant::now() + patience);
+                }
+            }
+            let next = match cutoff {
+                Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => pending.next().await,
+            };
+            let Some((node, answer)) = next else { break };
+            said[node] = self.hear(node, answer, timeout, cut_short);
+        }
+        if granted(&said) >= quorum && !pending.is_empty() {
+            // Held: the other nodes get a short grace to answer too (about
+            // as long again as the majority took), so that a healthy node
+            // is not left out of the hold (it would tolerate one failure
+            // less); a stopped one is not waited for. A grant that comes
+            // later holds the same value, which the release matches.
+            let grace = (started.elapsed() * 2)
+                .max(Duration::from_millis(2))
+                .min(timeout);
+            let _ = tokio::time::timeout(grace, async {
+                while let Some((node, answer)) = pending.next().await {
+                    said[node] = self.hear(node, answer, timeout, cut_short);
+                }
+            })
+            .await;
+            // Those still silent are not waited for by an attempt they
+            // alone could decide, until they answer again.
+            for (node, said) in said.iter().enumerate() {
+                if matches!(said, Said::Open) {
+                    self.nodes[node].saw(Some(false));
+                }
+            }
+        }
+        self.clock.read(started, &said);
+        let ttl = Duration::from_millis(request.ttl_ms);
+        let valid = || started.elapsed() + drift(request.ttl_ms) < ttl;
+        if granted(&said) >= quorum && valid() {
+            for (node, said) in said.iter().enumerate() {
+                if matches!(said, Said::Silent(_)) {
+                    self.nodes.failed(node, "lock acquisition");
+                }
+            }
+            self.leave_line(&ballot);
+            let fence = said
+                .iter()
+                .filter_map(|said| match said {
+                    Said::Voted(VoteKind::Granted { fence }, _) => *fence,
+                    _ => None,
+                })
+                .max();
+            // The nodes yet to answer are not heard out: a call still
+            // waiting for its connection is dropped unsent, and one already
+            // sent lands before the release, which follows it on the same
+            // connection.
+            drop(pending);
+            let Some(token) = fence else {
+                return Ok(Acquire::Acquired {
+                    fence: None,
+                    found: None,
+                });
+            };
+            // The write-back: a majority must have the token before it is
+            // handed out; every node that answers gets it.
+            let retention_ms = request.fence_retention_ms.unwrap_or(request.ttl_ms);
+            let raised = self
+                .write_back(request.keys, token, retention_ms, timeout)
+                .await;
+            if raised >= quorum && valid() {
+                return Ok(Acquire::Acquired {
+                    fence: Some(token),
+                    found: None,
+                });
+            }
+            // Not held after all: given back everywhere (every node may
+            // hold it now).
+            self.give_back_everywhere(&ballot);
+            return Err(not_held_in_time(
+                request.keys,
+                started.elapsed(),
+                request.ttl_ms,
+            ));
+        }
+        // Not held: given back on the nodes that granted it or whose answer
+        // is unknown, in the background; the nodes yet to answer are heard
+        // out there, and given back to if they grant it.
+        self.give_back(&ballot, &said);
+        self.finish_in_background(pending, Arc::clone(&ballot), timeout, cut_short);
+        if granted(&said) >= quorum {
+            // A majority granted it, but too late to hold it.
+            return Err(not_held_in_time(
+                request.keys,
+                started.elapsed(),
+                request.ttl_ms,
+            ));
+        }
+        if let Some(place) = place.filter(|_| request.join) {
+            learn(place, &said, quorum);
+        }
+        let answers = said
+            .iter()
+            .filter(|said| matches!(said, Said::Voted(..)))
+            .count();
+        // Nodes cut off by the end of the wait (not by a failure) could
+        // have answered: the lock was not acquired within the wait.
+        let cut_off = if cut_short {
+            (0..said.len())
+                .filter(|&node| {
+                    matches!(said[node], Said::Open | Said::Silent(Silence::NoAnswer(_)))
+                        && !self.nodes[node].is_down()
+                })
+                .count()
+        } else {
+            0
+        };
+        if answers + cut_off >= quorum {
+            let pause = pause(place, &said);
+            tracing::trace!(
+                lock = request.keys.name(),
+                granted = granted(&said),
+                answers,
+                ?pause,
+                "quorum attempt refused"
+            );
+            return Ok(Acquire::Busy {
+                expires_in: Some(pause),
+            });
+        }
+        // Too few nodes answered to tell whether the lock is free.
+        let silent: Vec<(usize, Silence)> = said
+            .into_iter()
+            .enumerate()
+            .filter_map(|(node, said)| match said {
+                Said::Voted(..) => None,
+                Said::Silent(silence) => Some((node, silence)),
+                Said::Open => Some((node, Silence::NoAnswer(started.elapsed()))),
+            })
+            .collect();
+        Err(unreachable(
+            &self.nodes,
+            request.keys,
+            "acquire",
+            answers,
+            silent,
+        ))
+    }
+
+    /// A waiter's ticket, its place in line on every node: taken once, at
+    /// its first attempt in line, from the quorum's time (the nodes' clocks,
+    /// as its last attempt read them, moved on by this process's monotonic
+    /// clock), so that every node orders it among the other waiters alike
+    /// from the start. 0 before any node answered this client: each node then
+    /// uses its own clock, and the waiter keeps the median of them (`learn`).
+    fn ticket(&self, place: &WaitPlace) -> u64 {
+        let ticket = place.ticket.load(Ordering::Relaxed);
+        if ticket != 0 {
+            return ticket;
+        }
+        let Some(now) = self.clock.now_us() else {
+            return 0;
+        };
+        place.ticket.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// Notes one node's answer (and its health).
+    fn hear(
+        &self,
+        node: usize,
+        answer: Option<Result<Vote, LockError>>,
+        timeout: Duration,
+        cut_short: bool,
+    ) -> Said {
+        let node_ref = &self.nodes[node];
+        match answer {
+            Some(result) => {
+                node_ref.saw(Some(answered(&result)));
+                match result {
+                    Ok(Vote { kind, clock_us }) => Said::Voted(kind, clock_us),
+                    Err(error) => Said::Silent(Silence::Failed(error)),
+                }
+            }
+            None => {
+                // Cut off by the end of the wait, it may be healthy.
+                node_ref.saw((!cut_short).then_some(false));
+                Said::Silent(Silence::NoAnswer(timeout))
+            }
+        }
+    }
+
+    /// The calls still open when an attempt that did not hold settled,
+    /// heard out in the background (each within its timeout): each answer
+    /// notes the node's health, and the attempt is given back on each node
+    /// that grants it late or does not answer (a give-back sent before the
+    /// answer could overtake a call still waiting for its connection).
+    fn finish_in_background(
+        &self,
+        mut pending: FuturesUnordered<NodeCall>,
+        ballot: Arc<Ballot>,
+        timeout: Duration,
+        cut_short: bool,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let nodes = Arc::clone(&self.nodes);
+        tokio::spawn(async move {
+            while let Some((node, answer)) = pending.next().await {
+                let node_ref = &nodes[node];
+                let refused = matches!(
+                    answer,
+                    Some(Ok(Vote {
+                        kind: VoteKind::Refused { .. },
+                        ..
+                    }))
+                );
+                match &answer {
+                    Some(result) => node_ref.saw(Some(answered(result))),
+                    None => node_ref.saw((!cut_short).then_some(false)),
+                }
+                if !refused {
+                    let _ = tokio::time::timeout(
+                        timeout.max(DOWN_NODE_PATIENCE),
+                        node_ref
+                            .redis
+                            .release_waking(&ballot.keys, &ballot.value, &ballot.member),
+                    )
+                    .await;
+                }
+            }
+        });
+    }
+
+    /// Gives the attempt back on the nodes that granted it or failed (their
+    /// outcome unknown), in the background; a give-back wakes the first
+    /// waiter in line on its node.
+    fn give_back(&self, ballot: &Arc<Ballot>, said: &[Said]) {
+        let owed: Vec<usize> = (0..said.len())
+            .filter(|&node| {
+                matches!(
+                    said[node],
+                    Said::Voted(VoteKind::Granted { .. }, _) | Said::Silent(_)
+                )
+            })
+            .collect();
+        if owed.is_empty() {
+            return;
+        }
+        let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(ballot));
+        tokio::spawn(async move {
+            futures_util::future::join_all(owed.iter().map(|&node| {
+                nodes[node]
+                    .redis
+                    .release_waking(&ballot.keys, &ballot.value, &ballot.member)
+            }))
+            .await;
+        });
+    }
+
+    /// Gives the attempt back on every node, in the background.
+    fn give_back_everywhere(&self, ballot: &Arc<Ballot>) {
+        let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(ballot));
+        tokio::spawn(async move {
+            futures_util::future::join_all(nodes.iter().map(|node| {
+                node.redis
+                    .release_waking(&ballot.keys, &ballot.value, &ballot.member)
+            }))
+            .await;
+        });
+    }
+
+    /// A waiter that won on a majority leaves the line on every node (in
+    /// the background; on each node before its release, which follows on
+    /// the same connection), so that releases wake the next waiter, not one
+    /// that holds the lock.
+    fn leave_line(&self, ballot: &Arc<Ballot>) {
+        if !ballot.join {
+            return;
+        }
+        let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(ballot));
+        tokio::spawn(async move {
+            futures_util::future::join_all(
+                nodes
+                    .iter()
+                    .map(|node| node.redis.leave_line(&ballot.keys, &ballot.member)),
+            )
+            .await;
+        });
+    }
+}
+
+/// What a waiter learns from an attempt that did not hold: its ticket (the
+/// first time it is put in line: the median of the nodes' clocks, which it
+/// sends unchanged from then on), and whether it is first in line on a
+/// majority (its next attempt then takes a free node whatever that node's
+/// own first waiter).
+fn learn(place: &WaitPlace, said: &[Said], quorum: usize) {
+    let refused = || {
+        said.iter().filter_map(|said| match said {
+            Said::Voted(VoteKind::Refused { ticket, first, .. }, _) => Some((*ticket, *first)),
+            _ => None,
+        })
+    };
+    if place.ticket.load(Ordering::Relaxed) == 0 {
+        let mut tickets: Vec<u64> = refused()
+            .map(|(ticket, _)| ticket)
+            .filter(|&ticket| ticket > 0)
+            .collect();
+        tickets.sort_unstable();
+        if let Some(&median) = tickets.get(tickets.len().saturating_sub(1) / 2) {
+            place.ticket.store(median, Ordering::Relaxed);
+        }
+    }
+    let granted = said
+        .iter()
+        .filter(|said| matches!(said, Said::Voted(VoteKind::Granted { .. }, _)))
+        .count();
+    let first = granted + refused().filter(|&(_, first)| first).count();
+    // First on a majority of the nodes that answered (and so, with a
+    // majority answering, on more nodes than any other waiter can be).
+    let voted = granted + refused().count();
+    place
+        .first
+        .store(voted >= quorum && first * 2 > voted, Ordering::Relaxed);
+}
+
+/// The quorum's time (µs), as the nodes' clocks give it: the median of the
+/// clocks of the nodes that answered an attempt, and when that attempt
+/// started on this process's monotonic clock.
+#[derive(Default)]
+pub(super) struct QuorumClock(std::sync::Mutex<Option<(Instant, u64)>>);
+
+impl QuorumClock {
+    /// Reads the nodes' clocks from the answers of an attempt started at
+    /// `started`.
+    fn read(&self, started: Instant, said: &[Said]) {
+        let mut clocks: Vec<u64> = said
+            .iter()
+            .filter_map(|said| match said {
+                Said::Voted(_, clock) if *clock > 0 => Some(*clock),
+                _ => None,
+            })
+            .collect();
+        if clocks.is_empty() {
+            return;
+        }
+        clocks.sort_unstable();
+        let median = clocks[(clocks.len() - 1) / 2];
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((started, median));
+    }
+
+    /// The quorum's time now, if any node has answered.
+    fn now_us(&self) -> Option<u64> {
+        let read = *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        read.map(|(at, clock)| clock + at.elapsed().as_micros() as u64)
+    }
+}
+
+/// How long a waiter pauses after a busy attempt (it is woken sooner by a
+/// release's message): until the first node's holder expires; after a split
+/// vote (nobody holds it, yet it got no majority while first in line
+/// somewhere), a short random pause that grows with each split vote in a
+/// row; not first anywhere, until the first waiter's release wakes it.
+fn pause(place: Option<&WaitPlace>, said: &[Said]) -> Duration {
+    let held = said
+        .iter()
+        .filter_map(|said| match said {
+            Said::Voted(VoteKind::Refused { held_for, .. }, _) => *held_for,
+            _ => None,
+        })
+        .min();
+    let first = said.iter().any(|said| {
+        matches!(
+            said,
+            Said::Voted(
+                VoteKind::Granted { .. } | VoteKind::Refused { first: true, .. },
+                _
+            )
+        )
+    });
+    let Some(place) = place else {
+        return held.unwrap_or(NOT_FIRST_PAUSE);
+    };
+    if held.is_some() || !first {
+        place.split_votes.store(0, Ordering::Relaxed);
+        return held.unwrap_or(NOT_FIRST_PAUSE);
+    }
+    let splits = place.split_votes.fetch_add(1, Ordering::Relaxed).min(16);
+    let most = SPLIT_VOTE_PAUSE
+        .saturating_mul(1 << splits)
+        .min(SPLIT_VOTE_MAX_PAUSE);
+    Duration::from_millis(1) + random_below(most)
+}
+
+/// The checks made before anything is sent.
+fn check(request: &AcquireRequest<'_>) -> Result<(), LockError> {
+    if request.kind != Kind::Exclusive {
+        return Err(ConfigError::Unsupported {
+            name: request.keys.name().to_owned(),
+            reason: "read/write locks and semaphores are not available over a quorum (RedLock) \
+                     yet; use an exclusive lock",
+        }
+        .into());
+    }
+    if request.fair {
+        return Err(ConfigError::Unsupported {
+            name: request.keys.name().to_owned(),
+            reason: "`fair` is not available over a quorum (RedLock): waiters there are served \
+                     in the order of their tickets, which the nodes' clocks give and a failed \
+                     node can reorder, so the strict order `fair` promises cannot be kept; \
+                     drop `fair`",
+        }
+        .into());
+    }
+    if request.ttl_ms < MIN_QUORUM_TTL_MS {
+        return Err(ConfigError::InvalidTtl {
+            name: request.keys.name().to_owned(),
+            ttl: Duration::from_millis(request.ttl_ms),
+            reason: "too short for a quorum (its validity is cut by 1 % + 2 ms for clock \
+                     drift): give at least 10 ms",
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// How long one node may take to answer an acquisition: a small fraction
+/// of the ttl (a slow node must not eat the validity), within the call
+/// deadline.
+fn node_timeout(ttl_ms: u64, deadline: Duration) -> Duration {
+    Duration::from_millis(ttl_ms / 10)
+        .clamp(Duration::from_millis(5), Duration::from_millis(500))
+        .min(deadline)
+}
+
+/// The time a lock's validity is cut by for clock drift between the
+/// client and the nodes: 1 % of the ttl + 2 ms (seed 003).
+fn drift(ttl_ms: u64) -> Duration {
+    Duration::from_millis(ttl_ms / 100 + 2)
+}
+
+/// The number of this attempt of a waiter (from 1), 0 for a try (its token
+/// makes one attempt).
+fn attempt_number(place: Option<&WaitPlace>) -> u32 {
+    place.map_or(0, |place| {
+        place
+            .attempts
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1)
+    })
+}
+
+/// A random duration below `most` (at µs resolution).
+fn random_below(most: Duration) -> Duration {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    let micros = most.as_micros().max(1) as u64;
+    Duration::from_micros(u64::from(u32::from_be_bytes(bytes)) % micros)
+}
+
+/// The error of an attempt that a majority granted, but whose validity ran
+/// out before it was held (the nodes answered too slowly for the ttl, or the
+/// fencing write-back did not reach a majority in time). Given back.
+fn not_held_in_time(keys: &LockKeys, elapsed: Duration, ttl_ms: u64) -> LockError {
+    LockError::redis(
+        keys.name(),
+        "acquire",
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "a majority granted the lock, but after {elapsed:?} of its {ttl_ms} ms ttl no \
+                 validity was left (or its fencing token did not reach a majority in time); it \
+                 was given back: give a longer ttl, or check the nodes' latency"
+            ),
+        )
+        .into(),
+    )
+}
+
+/// The error of a call that too few nodes answered to decide: how many
+/// answered, and which did not and why.
+pub(super) fn unreachable(
+    nodes: &Nodes,
+    keys: &LockKeys,
+    operation: &'static str,
+    answers: usize,
+    silent: Vec<(usize, Silence)>,
+) -> LockError {
+    let kind = if !silent.is_empty() && silent.iter().all(|(_, silence)| silence.is_refusal()) {
+        std::io::ErrorKind::ConnectionRefused
+    } else {
+        std::io::ErrorKind::TimedOut
+    };
+    let which: Vec<String> = silent
+        .iter()
+        .map(|(node, silence)| format!("{}: {silence}", nodes[*node].label))
+        .collect();
+    LockError::redis(
+        keys.name(),
+        operation,
+        std::io::Error::new(
+            kind,
+            format!(
+                "no majority of the quorum answered: {answers} of {} nodes did, {} are needed \
+                 (not answering: {})",
+                nodes.len(),
+                nodes.quorum(),
+                which.join("; ")
+            ),
+        )
+        .into(),
+    )
+}

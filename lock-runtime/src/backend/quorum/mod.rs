@@ -1,0 +1,397 @@
+//! RedLock (seed 003): one lock over N independent Redis masters, held when
+//! a majority granted it within its validity; with a fencing token that
+//! every later majority sees.
+//!
+//! Each node is a [`RedisBackend`] on its own server; every call goes to all
+//! N at once, each with its own short timeout, and counts the answers:
+//!
+//! - **Acquire** (`attempt.rs`): the same value (the holder's token, then
+//!   `|q<random>`, a mark of this attempt) to every node. Held when at least
+//!   N/2+1 granted it and the validity left (ttl - elapsed - drift, from the
+//!   start of this attempt: the hold's own clock, §5) is positive; otherwise
+//!   given back where it may have been granted. A node that failed its last
+//!   call is not waited for when only it could still decide.
+//! - **Waiting**: waiters stand in one line per node, ordered by a ticket
+//!   each waiter sends unchanged to every node, so every node names the same
+//!   first waiter and defers to it: split votes do not repeat. A release (or
+//!   a failed attempt's give-back) wakes the first waiter in line on each
+//!   node; the client listens on every node.
+//! - **Fencing**: each granting node hands out its own next token (the
+//!   server clock in µs, or its last + 1); the acquisition's token is the
+//!   highest of them, written back (`fence_raise.lua`) to every node, and
+//!   the acquisition holds only once a majority has it (the others get it in
+//!   the background). Any later majority shares a node with that one, whose
+//!   next token is larger.
+//! - **Renewal**: counts for a lock only if a majority extended it; a lock a
+//!   majority no longer holds is lost; anything in between (nodes that did
+//!   not answer) is a failed renewal, tried again while the lock is valid.
+//!   A node that lost the key (restarted without data) does not get it back:
+//!   a renewal extends, it never re-creates.
+//! - **Release**: on every node; reported as lost if a majority no longer
+//!   held it.
+
+mod attempt;
+mod nodes;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use self::attempt::{unreachable, QuorumClock};
+use self::nodes::{answered, Nodes, Silence};
+use super::RedisBackend;
+use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
+use crate::error::{ConfigError, LockError};
+use crate::keys::LockKeys;
+
+pub(crate) struct QuorumBackend {
+    nodes: Arc<Nodes>,
+    deadline: Duration,
+    /// The nodes' time, for waiters' tickets.
+    clock: QuorumClock,
+}
+
+impl QuorumBackend {
+    /// A quorum of `nodes`, each with the `host:port` it is reported by.
+    pub(crate) fn new(nodes: Vec<(RedisBackend, String)>, deadline: Duration) -> QuorumBackend {
+        QuorumBackend {
+            nodes: Arc::new(Nodes::new(nodes)),
+            deadline,
+            clock: QuorumClock::default(),
+        }
+    }
+
+    /// Writes a fenced acquisition's token back to every node (each node's
+    /// last token becomes at least `token`) and returns how many confirmed
+    /// it, as soon as a majority did or no longer can (at most `timeout`).
+    /// The writes go on in the background: every node that answers gets the
+    /// token, not only the first majority (the more nodes have it, the more
+    /// restarts without data a later majority can tolerate, design §13), and
+    /// a stopped node does not hold up the acquisition.
+    async fn write_back(
+        &self,
+        keys: &LockKeys,
+        token: u64,
+        retention_ms: u64,
+        timeout: Duration,
+    ) -> usize {
+        let (answers, mut confirmed) = tokio::sync::mpsc::unbounded_channel();
+        let (nodes, keys) = (Arc::clone(&self.nodes), keys.clone());
+        tokio::spawn(async move {
+            let mut writes: FuturesUnordered<_> = nodes
+                .iter()
+                .map(|node| node.redis.raise_fence(&keys, token, retention_ms))
+                .collect();
+            while let Some(answer) = writes.next().await {
+                let _ = answers.send(answer.is_ok());
+            }
+        });
+        let (quorum, nodes) = (self.nodes.quorum(), self.nodes.len());
+        let (mut raised, mut failed) = (0, 0);
+        let _ = tokio::time::timeout(timeout, async {
+            while let Some(ok) = confirmed.recv().await {
+                if ok {
+                    raised += 1;
+                } else {
+                    failed += 1;
+                }
+                if raised >= quorum || failed > nodes - quorum {
+                    break;
+                }
+            }
+        })
+        .await;
+        raised
+    }
+}
+
+impl Backend for QuorumBackend {
+    fn acquire<'a>(
+        &'a self,
+        request: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, LockError>> {
+        Box::pin(self.attempt(request))
+    }
+
+    fn release<'a>(
+        &'a self,
+        kind: Kind,
+        keys: &'a LockKeys,
+        token: &'a str,
+        keep_ms: u64,
+    ) -> BoxFuture<'a, Result<Release, LockError>> {
+        Box::pin(async move {
+            let sent_at = Instant::now();
+            // Sent to every node in the background; settled as soon as the
+            // answers decide it (a majority released it, or no longer held
+            // it), so a stopped node does not hold the release up; the
+            // others still get it. An exclusive lock's release wakes the
+            // first waiter queued on each node (`hold_at_least` keeps the
+            // key: nobody to wake).
+            let waking = kind == Kind::Exclusive && keep_ms == 0;
+            let shared = Arc::new((keys.clone(), token.to_owned()));
+            let deadline = self.deadline;
+            let mut releases: FuturesUnordered<_> = (0..self.nodes.len())
+                .map(|i| {
+                    let (nodes, shared) = (Arc::clone(&self.nodes), Arc::clone(&shared));
+                    async move {
+                        let (node, (keys, token)) = (&nodes[i].redis, &*shared);
+                        let release = async {
+                            if waking {
+                                node.release_waking(keys, token, "").await
+                            } else {
+                                node.release(kind, keys, token, keep_ms).await
+                            }
+                        };
+                        let answer = tokio::time::timeout(deadline, release).await.ok();
+                        nodes[i].saw(Some(answer.as_ref().is_some_and(answered)));
+                        (i, answer)
+                    }
+                })
+                .collect();
+            let (quorum, nodes) = (self.nodes.quorum(), self.nodes.len());
+            let (mut mine, mut not, mut other) = (0, 0, false);
+            let (mut retried, mut woke) = (false, false);
+            let mut failed: Vec<(usize, Silence)> = Vec::new();
+            let mut heard = vec![false; nodes];
+            while let Some((node, answer)) = releases.next().await {
+                heard[node] = true;
+                let release = match answer {
+                    Some(Ok(release)) => release,
+                    Some(Err(error)) => {
+                        failed.push((node, Silence::Failed(error)));
+                        continue;
+                    }
+                    None => {
+                        failed.push((node, Silence::NoAnswer(deadline)));
+                        continue;
+                    }
+                };
+                retried |= release.retried;
+                woke |= release.woke;
+                match release.found {
+                    Found::Mine => mine += 1,
+                    Found::Other => {
+                        not += 1;
+                        other = true;
+                    }
+                    Found::Gone => not += 1,
+                }
+                if mine >= quorum || not > nodes - quorum {
+                    break;
+                }
+            }
+            let carried = mine >= quorum || not > nodes - quorum;
+            if carried && !releases.is_empty() {
+                // The other nodes get a short grace (most answer within
+                // moments of the majority); a stopped one is left to a
+                // background task, which logs it if it fails.
+                let grace = (sent_at.elapsed() * 2)
+                    .max(Duration::from_millis(2))
+                    .min(deadline);
+                let _ = tokio::time::timeout(grace, async {
+                    while let Some((node, answer)) = releases.next().await {
+                        if !matches!(answer, Some(Ok(_))) {
+                            failed.push((node, Silence::NoAnswer(deadline)));
+                        }
+                    }
+                })
+                .await;
+                if !releases.is_empty() {
+                    let nodes = Arc::clone(&self.nodes);
+                    tokio::spawn(async move {
+                        while let Some((node, answer)) = releases.next().await {
+                            if !matches!(answer, Some(Ok(_))) {
+                                nodes.failed(node, "release");
+                            }
+                        }
+                    });
+                }
+            }
+            if carried {
+                for (node, _) in &failed {
+                    self.nodes.failed(*node, "release");
+                }
+            }
+            let found = if mine >= quorum {
+                Found::Mine
+            } else if not > nodes - quorum {
+                // A majority no longer held it.
+                if other {
+                    Found::Other
+                } else {
+                    Found::Gone
+                }
+            } else {
+                // The nodes that did not answer could still hold it.
+                let answers = mine + not;
+                let mut silent = failed;
+                silent.extend(
+                    (0..nodes)
+                        .filter(|&node| !heard[node])
+                        .map(|node| (node, Silence::NoAnswer(sent_at.elapsed()))),
+                );
+                return Err(unreachable(&self.nodes, keys, "release", answers, silent));
+            };
+            Ok(Release {
+                found,
+                woke,
+                retried,
+                sent_at,
+            })
+        })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        kind: Kind,
+        keys: &'a LockKeys,
+        member: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        // Out of the line on every node that answers; a node that does not
+        // drops the place when its refresh deadline passes.
+        let _ = kind; // exclusive locks only over a quorum
+        Box::pin(async move {
+            join_all(self.nodes.iter().map(|node| {
+                tokio::time::timeout(self.deadline, node.redis.leave_line(keys, member))
+            }))
+            .await;
+            Ok(())
+        })
+    }
+
+    fn pass<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        _token: &'a str,
+        _next: &'a str,
+        _ttl_ms: u64,
+        _fence_retention_ms: Option<u64>,
+    ) -> BoxFuture<'a, Result<Pass, LockError>> {
+        // Never asked: `passes_in_process` is false.
+        Box::pin(async move {
+            Err(ConfigError::Unsupported {
+                name: keys.name().to_owned(),
+                reason: "no in-process hand-off over a quorum",
+            }
+            .into())
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        items: &'a [RenewItem<'a>],
+        round_trips: &'a AtomicU64,
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Option<Found>>>> {
+        Box::pin(async move {
+            // Settled as soon as every lock is decided by the answers so
+            // far (a majority extended it, or can no longer), not after the
+            // slowest node.
+            let mut pending: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move {
+                    let answer =
+                        tokio::time::timeout(self.deadline, node.redis.renew(items, round_trips))
+                            .await
+                            .ok()
+                            .and_then(Result::ok);
+                    node.saw(Some(answer.is_some()));
+                    (i, answer)
+                })
+                .collect();
+            let (quorum, nodes) = (self.nodes.quorum(), self.nodes.len());
+            // Per lock: nodes that extended it, nodes that answered it was
+            // not there (or another's); and the nodes yet to answer.
+            let mut mine = vec![0usize; items.len()];
+            let mut not = vec![0usize; items.len()];
+            let mut other = vec![false; items.len()];
+            let mut silent = nodes;
+            while let Some((node, answer)) = pending.next().await {
+                silent -= 1;
+                if answer.is_none() {
+                    self.nodes.failed(node, "renewal");
+                }
+                // A node that failed to answer counts as neither.
+                for (i, code) in answer.into_iter().flatten().enumerate() {
+                    let Some(code) = code else { continue };
+                    match code {
+                        Found::Mine => mine[i] += 1,
+                        Found::Other => {
+                            not[i] += 1;
+                            other[i] = true;
+                        }
+                        Found::Gone => not[i] += 1,
+                    }
+                }
+                let decided =
+                    (0..items.len()).all(|i| mine[i] >= quorum || not[i] > nodes - quorum);
+                if decided || silent == 0 {
+                    break;
+                }
+            }
+            let mut found = Vec::with_capacity(items.len());
+            for i in 0..items.len() {
+                if mine[i] >= quorum {
+                    found.push(Some(Found::Mine));
+                } else if not[i] > nodes - quorum {
+                    // A majority no longer holds it: lost.
+                    found.push(Some(if other[i] { Found::Other } else { Found::Gone }));
+                } else {
+                    // Nodes that did not answer could have made a majority:
+                    // not a loss yet, a failed renewal of this lock alone
+                    // (tried again while the lock is valid).
+                    found.push(None);
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn call_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    fn passes_in_process(&self) -> bool {
+        false
+    }
+
+    fn scan<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<Vec<Vec<String>>, LockError>> {
+        // Every node on its own (each is a whole keyspace); all must answer.
+        Box::pin(async move {
+            join_all(
+                self.nodes
+                    .iter()
+                    .map(|node| node.redis.scan_keys(pattern, count)),
+            )
+            .await
+            .into_iter()
+            .collect()
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+        keys: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
+        Box::pin(async move {
+            join_all(
+                self.nodes
+                    .iter()
+                    .map(|node| node.redis.snapshot(name, keys)),
+            )
+            .await
+            .into_iter()
+            .collect()
+        })
+    }
+}

@@ -1,0 +1,145 @@
+//! A quorum's nodes: each one's connection, the name it is reported by, and
+//! whether it answered its last call (a node that did not is not waited for
+//! when only it could still decide an attempt).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::backend::{retryable, RedisBackend};
+use crate::error::LockError;
+
+pub(super) struct Node {
+    pub(super) redis: RedisBackend,
+    /// `host:port` (never a password), for errors and logs.
+    pub(super) label: String,
+    /// What its last call showed: [`UNKNOWN`] (none yet), [`UP`] (an
+    /// answer) or [`DOWN`] (no answer in time, or the connection failed).
+    health: AtomicU8,
+    /// When its failure was last logged (ms since `Nodes::started`).
+    warned: AtomicU64,
+}
+
+pub(super) struct Nodes {
+    list: Vec<Node>,
+    started: Instant,
+}
+
+/// The least time between two warnings about one node.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Why a node did not answer, in an error or a log line.
+pub(super) enum Silence {
+    /// No answer within the per-node timeout.
+    NoAnswer(Duration),
+    /// The call failed (the connection, or an error reply).
+    Failed(LockError),
+}
+
+impl Silence {
+    /// Whether the node refused the connection (it is not running).
+    pub(super) fn is_refusal(&self) -> bool {
+        matches!(self, Silence::Failed(LockError::Redis { source, .. }) if source.is_connection_refusal())
+    }
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Silence::NoAnswer(timeout) => write!(f, "no answer within {timeout:?}"),
+            Silence::Failed(LockError::Redis { source, .. }) => write!(f, "{source}"),
+            Silence::Failed(other) => write!(f, "{other}"),
+        }
+    }
+}
+
+impl Nodes {
+    pub(super) fn new(nodes: Vec<(RedisBackend, String)>) -> Nodes {
+        Nodes {
+            list: nodes
+                .into_iter()
+                .map(|(redis, label)| Node {
+                    redis,
+                    label,
+                    health: AtomicU8::new(UNKNOWN),
+                    warned: AtomicU64::new(0),
+                })
+                .collect(),
+            started: Instant::now(),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// N/2 + 1.
+    pub(super) fn quorum(&self) -> usize {
+        self.list.len() / 2 + 1
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Node> {
+        self.list.iter()
+    }
+
+    /// A node failed a call that the quorum carried anyway: not returned,
+    /// so logged (at most every [`WARN_EVERY`] per node), since the quorum
+    /// now tolerates one failure less.
+    pub(super) fn failed(&self, node: usize, what: &str) {
+        let node_ref = &self.list[node];
+        let now = self.started.elapsed().as_millis() as u64 + WARN_EVERY.as_millis() as u64;
+        let last = node_ref.warned.load(Ordering::Relaxed);
+        if now >= last + WARN_EVERY.as_millis() as u64
+            && node_ref
+                .warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(node, address = %node_ref.label, "a quorum node failed a {what} the others carried; the quorum tolerates one failure less until it is back");
+        }
+    }
+}
+
+impl std::ops::Index<usize> for Nodes {
+    type Output = Node;
+
+    fn index(&self, index: usize) -> &Node {
+        &self.list[index]
+    }
+}
+
+/// [`Node::health`]'s states.
+const UNKNOWN: u8 = 0;
+const UP: u8 = 1;
+const DOWN: u8 = 2;
+
+impl Node {
+    /// It answered its last call: an attempt that only it could still
+    /// decide waits for it (its full timeout).
+    pub(super) fn is_up(&self) -> bool {
+        self.health.load(Ordering::Relaxed) == UP
+    }
+
+    /// It failed its last call.
+    pub(super) fn is_down(&self) -> bool {
+        self.health.load(Ordering::Relaxed) == DOWN
+    }
+
+    /// Notes what its last call showed: `Some(true)` an answer, `Some(false)`
+    /// no answer or a failed connection, `None` nothing (cut off early).
+    pub(super) fn saw(&self, answered: Option<bool>) {
+        if let Some(answered) = answered {
+            let health = if answered { UP } else { DOWN };
+            self.health.store(health, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether a call's result shows the node answering: any reply (even an
+/// error reply such as a missing permission), but not a failed connection.
+pub(super) fn answered<T>(result: &Result<T, LockError>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(LockError::Redis { source, .. }) => !(retryable(source) || source.is_timeout()),
+        Err(_) => true,
+    }
+}
