@@ -2,7 +2,9 @@
 # Runs every test of the workspace, then cargo fmt --check, clippy and
 # cargo doc with warnings denied. Installs redis-server first when it is
 # missing; each test starts its own redis-server on a free loopback port.
-# Prints one line adding up every test binary's results.
+# Every test binary runs even when one fails (--no-fail-fast); the run ends
+# with one line adding up every binary's results and the name of each
+# failing test (with its binary), so one failure hides nothing.
 #
 # The workspace run builds lock-runtime with the features its packages ask
 # for together (Cargo unifies them: the tests turn on tls-rustls and
@@ -15,10 +17,11 @@ scripts/ensure-redis-server.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --locked 2>&1 | tee "$log" || status=$?
+started=$(date +%s)
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=1
 cargo test -p lock-runtime --lib --locked 2>&1 | tee -a "$log" || status=1
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+scripts/test-summary.awk "$log" || status=1
+echo "tests took $(( $(date +%s) - started )) s"
 # The code's own checks: formatting, lints, documentation (warnings are errors).
 # rustfmt and clippy come with rustup's default profile; add them if missing.
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
@@ -28,4 +31,7 @@ cargo fmt --all --check || { echo "cargo fmt --check failed: run cargo fmt" >&2;
 cargo clippy --workspace --all-targets --locked -- -D warnings || status=1
 cargo clippy -p lock-runtime --all-targets --locked -- -D warnings || status=1
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked || status=1
+if [ "$status" -ne 0 ]; then
+    echo "FAILED: see the failing tests listed above (after 'tests:') and the checks' messages" >&2
+fi
 exit "$status"

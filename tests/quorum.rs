@@ -37,8 +37,9 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
                     redis(&nodes[i], &["SET", key, "other", "PX", "60000"]);
                 }
             }
+            // A 4 s ttl: each node gets 400 ms to answer (a tenth of it).
             let taken = Lock::new("subset")
-                .ttl(Duration::from_secs(2))
+                .ttl(Duration::from_secs(4))
                 .client(client.clone())
                 .try_acquire()
                 .await;
@@ -66,10 +67,10 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
             }
             // Nothing left of the attempt on any node (a stopped node runs
             // the attempt and its give-back when it resumes), well before
-            // the attempt's 2 s ttl would have removed it.
+            // the attempt's 4 s ttl would have removed it.
             wait_until(
                 "no node keeps the attempt",
-                Duration::from_millis(1000),
+                Duration::from_millis(3000),
                 || {
                     nodes
                         .iter()
@@ -87,7 +88,7 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
 async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_majority() {
     let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
     let client = quorum_client(&nodes);
-    let ttl = Duration::from_millis(900);
+    let ttl = Duration::from_millis(1500);
     let guard = Lock::new("kept")
         .ttl(ttl)
         .renew()
@@ -113,7 +114,9 @@ async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_maj
     signal(&nodes[2], "-STOP");
     let stopped = Instant::now();
     wait_until_async("the holder is told", LINE_TIMEOUT, || !guard.is_held()).await;
-    assert!(stopped.elapsed() < ttl + Duration::from_millis(700));
+    // By the end of its validity (at most a ttl after the last renewal);
+    // the bound leaves room for a loaded machine.
+    assert!(stopped.elapsed() < ttl + Duration::from_secs(2));
     for node in &nodes[..3] {
         signal(node, "-CONT");
     }
@@ -130,7 +133,7 @@ async fn a_holder_keeps_its_lock_with_a_minority_stopped_and_loses_it_with_a_maj
 async fn a_holder_rides_out_a_killed_minority_and_is_stopped_by_a_killed_majority() {
     let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
     let client = quorum_client(&nodes);
-    let ttl = Duration::from_millis(900);
+    let ttl = Duration::from_millis(1500);
     let guard = Lock::new("killed")
         .ttl(ttl)
         .renew()
@@ -168,7 +171,7 @@ async fn a_holder_rides_out_a_killed_minority_and_is_stopped_by_a_killed_majorit
         matches!(stopped, Err(LockError::Lost { .. })),
         "{stopped:?}"
     );
-    assert!(killed.elapsed() < ttl + Duration::from_millis(700));
+    assert!(killed.elapsed() < ttl + Duration::from_secs(2));
 }
 
 /// Mutual exclusion and fencing across processes: 3 processes x 2 tasks x
@@ -193,7 +196,16 @@ fn processes_exclude_each_other_and_tokens_increase_while_nodes_stop() {
     // A fixed sequence of single-node stops (a minority at any time).
     let mut seed: u32 = 12345;
     let done = std::sync::atomic::AtomicBool::new(false);
+    /// Ends the faults when dropped, also when a worker's line panics
+    /// (else the scope would wait for the fault thread forever).
+    struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| {
+        let _done = Done(&done);
         scope.spawn(|| {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
@@ -207,7 +219,6 @@ fn processes_exclude_each_other_and_tokens_increase_while_nodes_stop() {
         for worker in &mut workers {
             assert_eq!(worker.line(LINE_TIMEOUT * 4), "done");
         }
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let total: i64 = value(&redis(&bookkeeping, &["GET", "counter"]))
         .unwrap()
@@ -1093,9 +1104,11 @@ async fn a_granted_but_expired_attempt_says_so() {
         match lock(12).try_acquire().await {
             Err(LockError::Redis { source, .. }) => {
                 let text = source.to_string();
-                if text.contains("only 2 node(s) answered; a majority of 2") {
+                // "no majority ... answered: 2 of 3 nodes did, 2 are needed"
+                // would contradict itself: 2 answers make a majority of 3.
+                if text.contains("2 of 3 nodes did") || text.contains("3 of 3 nodes did") {
                     signal(&nodes[2], "-CONT");
-                    panic!("a majority granted, yet reported as: {text}");
+                    panic!("a majority answered, yet reported as: {text}");
                 }
                 seen.push(text);
             }

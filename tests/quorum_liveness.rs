@@ -4,9 +4,10 @@
 //! every node up, then with a minority stopped (SIGSTOP) or killed
 //! (SIGKILL). With the minority down the sections go on: every call gets the
 //! lock (no `WaitTimeout` while the lock is free, no error), the counter is
-//! exact, no gap between two sections is long, and the rate stays within a
-//! generous factor of the all-up rate of the same run (the benchmark's
-//! `quorum-degraded` row gives the figures).
+//! exact, and no gap between two sections is long. The rates of both phases
+//! are printed; the target (the degraded rate at least half the all-up rate)
+//! is a speed goal, measured by `lock-bench redlock-degraded`, not asserted
+//! here.
 //!
 //! Before the line of waiters ordered by tickets (`tickets.lua`), every
 //! attempt lost a split vote and all retried together: no section completed
@@ -135,14 +136,6 @@ fn contention_with_a_minority_down(size: usize, down: usize, fault: Fault) {
         degraded.longest_gap < GAP_BOUND,
         "{down} of {size} {fault:?}: no section for {:?}",
         degraded.longest_gap
-    );
-    // The target is half the all-up rate (the benchmark row); a quarter
-    // leaves room for a loaded machine, and the livelock was far below.
-    assert!(
-        ratio > 0.25,
-        "{down} of {size} {fault:?}: {:.0} sections/s against {:.0} with every node up",
-        degraded.rate(),
-        all_up.rate()
     );
 }
 

@@ -8,7 +8,8 @@
 //!   each a non-atomic GET / +1 / SET of COUNTER, appending its fencing token
 //!   to `COUNTER:fences`. `unlocked` runs the same sections without the lock
 //!   (the control that shows the race is real); `brief` with a 1 s ttl.
-//! - `sections KEY TASKS SECTIONS COUNTER`: prints `ready`, waits for `go`
+//! - `sections KEY TASKS SECTIONS COUNTER`: takes and releases a free lock
+//!   `KEY:warm:<pid>` (connections opened), prints `ready`, waits for `go`
 //!   on stdin, then TASKS tasks each call SECTIONS times a body under
 //!   `#[distributed_lock(ttl = "10s", wait = "5s", renew)]` (the issue-24
 //!   scenario) that does a non-atomic GET / +1 / SET of COUNTER and appends
@@ -276,6 +277,14 @@ async fn renewed_section(key: &str, redis: &mut Redis, counter: &str) -> Result<
 }
 
 async fn timed_sections(key: &str, tasks: usize, sections: usize, counter: &str) {
+    // Warm: connections open, and the client knows which nodes answer.
+    let warm = Lock::new(format!("{key}:warm:{}", std::process::id()))
+        .try_acquire()
+        .await;
+    warm.expect("a free lock")
+        .release()
+        .await
+        .expect("released");
     say("ready");
     assert_eq!(next_line().await, "go");
     let mut handles = Vec::new();

@@ -534,7 +534,7 @@ fn redis_benchmark(
 }
 
 /// PING round trip, p50, each PING sent after `idle`.
-async fn ping_rtt(server: &RedisServer, idle: Duration) -> Duration {
+pub(crate) async fn ping_rtt(server: &RedisServer, idle: Duration) -> Duration {
     let mut connection = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()

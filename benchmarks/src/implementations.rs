@@ -51,6 +51,8 @@ impl Kind {
 }
 
 pub(crate) const TTL: Duration = Duration::from_secs(10);
+/// How long a waiting locker of this project waits at most (never reached).
+const WAIT: Duration = Duration::from_secs(120);
 
 /// Which lock of this project a [`Locker::Ours`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,13 +170,22 @@ impl Locker {
 
     /// Takes the lock (waiting if the locker waits) and returns it.
     pub(crate) async fn lock(&mut self) -> Held {
+        self.try_lock(WAIT)
+            .await
+            .unwrap_or_else(|error| panic!("acquire: {error}"))
+    }
+
+    /// [`lock`](Self::lock), failing instead of panicking; this project's
+    /// waiting locker waits at most `wait` (rslock's `acquire` retries until
+    /// it gets the lock, the hand-written one polls without end).
+    pub(crate) async fn try_lock(&mut self, wait: Duration) -> Result<Held, String> {
         match self {
             Locker::Ours {
                 client,
                 key,
                 side,
                 fair,
-                wait,
+                wait: waits,
             } => {
                 let lock = match side {
                     Side::Exclusive => Lock::new(key.as_str()),
@@ -182,13 +193,16 @@ impl Locker {
                     Side::Write => RwLock::new(key.as_str()).write(),
                 };
                 let mut lock = lock.ttl(TTL).client(client.clone());
-                if *wait {
-                    lock = lock.wait(Duration::from_secs(120));
+                if *waits {
+                    lock = lock.wait(wait);
                 }
                 if *fair {
                     lock = lock.fair();
                 }
-                Held::Ours(lock.acquire().await.expect("acquire"))
+                lock.acquire()
+                    .await
+                    .map(Held::Ours)
+                    .map_err(|error| error.to_string())
             }
             Locker::Attribute | Locker::AttributeWait => {
                 unreachable!("the attribute runs its body itself")
@@ -212,23 +226,30 @@ impl Locker {
                         .await
                         .expect("SET");
                     if set.is_some() {
-                        return Held::HandWritten(token);
+                        return Ok(Held::HandWritten(token));
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
-            Locker::Rslock(manager, key) => Held::Rslock(
-                manager
-                    .acquire(key.as_bytes(), TTL)
-                    .await
-                    .expect("rslock acquire"),
-            ),
+            Locker::Rslock(manager, key) => manager
+                .acquire(key.as_bytes(), TTL)
+                .await
+                .map(Held::Rslock)
+                .map_err(|error| format!("rslock: {error}")),
         }
     }
 
     pub(crate) async fn unlock(&mut self, held: Held) {
+        self.try_unlock(held).await.expect("release");
+    }
+
+    /// [`unlock`](Self::unlock), failing instead of panicking (rslock's
+    /// release reports nothing).
+    pub(crate) async fn try_unlock(&mut self, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Locker::Ours { .. }, Held::Ours(guard)) => guard.release().await.expect("release"),
+            (Locker::Ours { .. }, Held::Ours(guard)) => {
+                guard.release().await.map_err(|error| error.to_string())
+            }
             (
                 Locker::HandWritten {
                     connection,
@@ -238,14 +259,14 @@ impl Locker {
                 },
                 Held::HandWritten(token),
             ) => {
-                let _: i64 = script
-                    .key(&*key)
-                    .arg(token)
-                    .invoke_async(connection)
-                    .await
-                    .expect("release");
+                let released: Result<i64, _> =
+                    script.key(&*key).arg(token).invoke_async(connection).await;
+                released.map(drop).map_err(|error| error.to_string())
             }
-            (Locker::Rslock(..), Held::Rslock(guard)) => guard.release().await,
+            (Locker::Rslock(..), Held::Rslock(guard)) => {
+                guard.release().await;
+                Ok(())
+            }
             _ => unreachable!("held by another implementation"),
         }
     }

@@ -7,7 +7,11 @@
 //! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
 //! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
+//! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
 //! ```
+//!
+//! `redlock-degraded` runs copies of this binary as its contenders, in the
+//! hidden mode `redlock-contender`.
 
 mod acknowledged;
 mod cluster;
@@ -15,6 +19,7 @@ mod compare;
 mod implementations;
 mod process_usage;
 mod redlock;
+mod redlock_degraded;
 mod renewal;
 mod target;
 
@@ -28,13 +33,16 @@ fn main() -> ExitCode {
         Some("cluster") => cluster::main(&args[1..]),
         Some("acknowledged") => acknowledged::main(&args[1..]),
         Some("redlock") => redlock::main(&args[1..]),
+        Some("redlock-degraded") => redlock_degraded::main(&args[1..]),
+        Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
                  lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
-                 lock-bench redlock [--pairs 2000] [--sections 500]"
+                 lock-bench redlock [--pairs 2000] [--sections 500]\n       \
+                 lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]"
             );
             ExitCode::FAILURE
         }

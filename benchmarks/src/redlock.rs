@@ -14,8 +14,8 @@ use crate::option;
 use crate::process_usage::cpu_time;
 use crate::target::Target;
 
-/// Five independent nodes.
-struct Quorum(Vec<RedisServer>);
+/// Independent nodes (five here).
+pub(crate) struct Quorum(pub(crate) Vec<RedisServer>);
 
 impl Target for Quorum {
     fn client_url(&self) -> String {

@@ -9,9 +9,10 @@
 //!   waited for: their calls go on in the background, and a late grant is
 //!   given back as soon as it comes.
 //! - **No waiting on a dead node**: a node that did not answer its last
-//!   call (or has not answered yet) is waited for only briefly when it alone
-//!   could still decide the attempt, so a stopped or killed minority costs
-//!   an attempt a few milliseconds, not the per-node timeout.
+//!   call is waited for only briefly (10 ms or so; 100 ms before this client
+//!   heard from it at all) when it alone could still decide the attempt, so
+//!   a stopped or killed minority costs an attempt a few milliseconds, not
+//!   the per-node timeout.
 //! - **Busy or unreachable**: `Busy` only when a majority answered; fewer
 //!   answers are an error naming the nodes that did not answer.
 //!
@@ -42,10 +43,14 @@ const MIN_QUORUM_TTL_MS: u64 = 10;
 /// end of a wait.
 const LAST_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(5);
 
-/// How long nodes that did not answer their last call (or none yet) are
-/// waited for, at least (and at least twice as long as the attempt took so
-/// far), when only they could still make a majority.
+/// How long nodes that did not answer their last call are waited for, at
+/// least (and at least twice as long as the attempt took so far), when only
+/// they could still make a majority.
 const DOWN_NODE_PATIENCE: Duration = Duration::from_millis(10);
+
+/// The same for nodes this client has not heard from yet (they may still be
+/// connecting: at least four times as long as the attempt took so far).
+const NEW_NODE_PATIENCE: Duration = Duration::from_millis(100);
 
 /// The pause after the first split vote in a row (no holder, no majority):
 /// a random pause up to it, doubled after each further one up to
@@ -135,19 +140,42 @@ impl QuorumBackend {
             if yes >= quorum || yes + pending.len() < quorum {
                 break;
             }
-            if cutoff.is_none() {
+            // Armed once some node answered (a new client's first answers
+            // come after its connections are made: the patience counts from
+            // that), when the nodes still open that answered their last call
+            // cannot make the majority without the others.
+            if cutoff.is_none() && said.iter().any(|said| matches!(said, Said::Voted(..))) {
                 let up = (0..said.len())
                     .filter(|&node| matches!(said[node], Said::Open) && self.nodes[node].is_up())
                     .count();
                 if yes + up < quorum {
-                    let patience = (started.elapsed() * 2).max(DOWN_NODE_PATIENCE);
-                    cutoff = Some(Instant::now() + patience);
+                    // A node not heard from yet (a new client) may still be
+                    // connecting: more patience than for one that failed.
+                    let unknown = (0..said.len()).any(|node| {
+                        matches!(said[node], Said::Open) && !self.nodes[node].is_down()
+                    });
+                    let (factor, least) = if unknown {
+                        (4, NEW_NODE_PATIENCE)
+                    } else {
+                        (2, DOWN_NODE_PATIENCE)
+                    };
+                    let patience = (started.elapsed() * factor).max(least);
+                    cutoff = Some(Instant::now() + patience.min(timeout));
                 }
             }
             let next = match cutoff {
                 Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
                     Ok(next) => next,
-                    Err(_) => break,
+                    Err(_) => {
+                        // Silent past the patience: not waited for again
+                        // until it answers (its call goes on meanwhile).
+                        for (node, said) in said.iter().enumerate() {
+                            if matches!(said, Said::Open) {
+                                self.nodes[node].saw(Some(false));
+                            }
+                        }
+                        break;
+                    }
                 },
                 None => pending.next().await,
             };
