@@ -70,6 +70,7 @@ fn attempt(
             member,
             "0",
             &ticket.to_string(),
+            "0",
         ],
     )
 }
@@ -211,7 +212,18 @@ fn an_expired_place_is_dropped_from_the_front_of_the_line() {
     let joined: Vec<i64> = eval(
         &mut con,
         ACQUIRE,
-        &["a|q00000001", "30000", "0", "1", "1", "1", "ch|a", "0", "1"],
+        &[
+            "a|q00000001",
+            "30000",
+            "0",
+            "1",
+            "1",
+            "1",
+            "ch|a",
+            "0",
+            "1",
+            "0",
+        ],
     );
     assert_eq!(joined[3], 1);
     let deadline: f64 = redis::cmd("ZSCORE")
@@ -228,4 +240,54 @@ fn an_expired_place_is_dropped_from_the_front_of_the_line() {
     assert_eq!(line(&mut con), ["ch|b"]);
     let reply: Value = redis::cmd("EXISTS").arg(KEYS[0]).query(&mut con).unwrap();
     assert_eq!(reply, Value::Int(0));
+}
+
+/// A call that reaches the node after its `not after` time (on the node's
+/// clock: it waited in a connection, or behind the node while it was
+/// stopped, and its client no longer waits for the answer) is refused with
+/// nothing written: no grant that would hold the node for a ttl for nobody,
+/// no place in line for a waiter that may be gone.
+#[test]
+fn a_call_that_arrives_too_late_takes_nothing() {
+    let server = RedisServer::start();
+    let mut con = connect(&server);
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let now = seconds * 1_000_000 + micros;
+    let late: Vec<i64> = eval(
+        &mut con,
+        ACQUIRE,
+        &[
+            "w|q00000001",
+            "30000",
+            "0",
+            "30000",
+            "1",
+            "1",
+            "ch|w",
+            "0",
+            "5",
+            &(now - 1).to_string(),
+        ],
+    );
+    assert_eq!((late[0], late[1]), (0, -3), "{late:?}");
+    assert_eq!(held(&mut con), None);
+    assert!(line(&mut con).is_empty());
+    // In time, the same call takes the free lock.
+    let in_time: Vec<i64> = eval(
+        &mut con,
+        ACQUIRE,
+        &[
+            "w|q00000001",
+            "30000",
+            "0",
+            "30000",
+            "1",
+            "1",
+            "ch|w",
+            "0",
+            "5",
+            &(now + 60_000_000).to_string(),
+        ],
+    );
+    assert_eq!(in_time[0], 1);
 }

@@ -421,29 +421,30 @@ async fn tokens_across_restarts(
         &nodes[0],
         &["SET", "lock:{ahead}:fence", &ahead.to_string()],
     );
-    let fenced = || {
+    // A 5 s ttl: each node gets 500 ms to answer, time enough to reconnect
+    // to a restarted node on a loaded machine.
+    let fenced = |client: &Client| {
         Lock::new("ahead")
             .fencing()
-            .ttl(Duration::from_secs(2))
+            .ttl(Duration::from_secs(5))
             .client(client.clone())
     };
+    // A node restarted without its data: a new server, on a new port (so
+    // that no call of the first client still on its way can reach it).
     let restart = |node: &mut RedisServer| {
-        let port = node.port();
         node.kill();
-        *node = RedisServer::start_on(port).unwrap();
+        *node = RedisServer::start();
     };
     let outside =
         |set: &[usize]| -> Vec<usize> { (0..size).filter(|index| !set.contains(index)).collect() };
     for index in outside(first) {
         signal(&nodes[index], "-STOP");
     }
-    let guard = fenced().try_acquire().await.unwrap();
+    let guard = fenced(&client).try_acquire().await.unwrap();
     let first_token = guard.fencing_token().unwrap();
     assert!(first_token > ahead);
     // The nodes left out of the first majority lose what was sent to them
-    // (the attempt, its write-back): killed now, started again only once
-    // the client's retries of those calls are over (each within the call
-    // deadline, 600 ms here), so the token never reaches them.
+    // (the attempt, its write-back): killed now, and started again empty.
     for index in outside(first) {
         nodes[index].kill();
     }
@@ -456,14 +457,15 @@ async fn tokens_across_restarts(
             value(&redis(&nodes[index], &["GET", "lock:{ahead}:fence"])) == Some(written.clone())
         })
     });
-    tokio::time::sleep(Duration::from_millis(700)).await;
     for index in outside(first).into_iter().chain(restarted.iter().copied()) {
         restart(&mut nodes[index]);
     }
+    // The same quorum, as a client that starts now sees it.
+    let client = quorum_client(&nodes);
     for index in outside(second) {
         signal(&nodes[index], "-STOP");
     }
-    let guard = fenced().try_acquire().await.unwrap();
+    let guard = fenced(&client).try_acquire().await.unwrap();
     let second_token = guard.fencing_token().unwrap();
     for index in outside(second) {
         signal(&nodes[index], "-CONT");
@@ -550,6 +552,16 @@ async fn no_majority_reachable_is_an_error_naming_the_silent_nodes() {
             );
         }
     };
+    // A new client whose only calls are short waits (each cut by the end
+    // of the wait): the silent nodes are not counted as answers.
+    let fresh = quorum_client(&nodes);
+    says_so(
+        "a new client's short wait",
+        lock("reach", &fresh)
+            .wait(Duration::from_millis(200))
+            .acquire()
+            .await,
+    );
     // The two nodes that answer hold the lock for `holder`.
     says_so("a try", lock("reach", &other).try_acquire().await);
     says_so(
@@ -602,9 +614,104 @@ async fn release_does_not_report_lost_when_a_silent_node_could_make_the_majority
     signal(&nodes[2], "-STOP");
     let released = guard.release().await;
     signal(&nodes[2], "-CONT");
+    // An error that says how the answers split, not that too few answered.
+    let error = released.expect_err("1 node said gone, 1 mine, 1 silent: undecided");
+    let message = error.to_string();
     assert!(
-        !matches!(released, Err(LockError::Lost { .. })),
-        "1 node said gone, 1 mine, 1 silent (holding it): reported {released:?}"
+        matches!(error, LockError::Redis { .. })
+            && message.contains("1 still held the lock, 1 no longer did, 1 did not answer")
+            && message.contains(&format!("127.0.0.1:{}", nodes[2].port())),
+        "{message}"
+    );
+}
+
+/// A waiter that cannot complete its attempts (here its client cannot reach
+/// one of the three nodes that are up, 2 of 5 being stopped) does not stay
+/// first in line holding the others back for its whole wait: it leaves the
+/// line after a failed attempt, and another client's waiter gets the lock
+/// at once. Before, it kept its place on the nodes it could reach (each
+/// attempt refreshed it), and the other waiter, first only where the first
+/// could not reach, could never win until the first's wait ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_complete_an_attempt_steps_out_of_line() {
+    use test_support::Proxy;
+    let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    // The first waiter reaches node 0 through a proxy, cut later.
+    let proxy = Proxy::start(nodes[0].port());
+    let mut urls = vec![proxy.url()];
+    urls.extend(nodes[1..].iter().map(|node| node.url()));
+    let cut_off = Client::new(
+        Config::quorum(urls)
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let (holder, other) = (quorum_client(&nodes), quorum_client(&nodes));
+    let lock = |client: &Client, wait: Duration| {
+        Lock::new("stuck")
+            .ttl(Duration::from_secs(10))
+            .wait(wait)
+            .client(client.clone())
+    };
+    let held = lock(&holder, Duration::ZERO).try_acquire().await.unwrap();
+    signal(&nodes[3], "-STOP");
+    signal(&nodes[4], "-STOP");
+    let first = {
+        let lock = lock(&cut_off, LINE_TIMEOUT * 2);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let first_in_line = |count: &str| {
+        nodes[..3]
+            .iter()
+            .all(|node| redis(node, &["ZCARD", "lock:{stuck}:tickets"]) == count)
+    };
+    wait_until_async(
+        "the first waiter is in line on nodes 0-2",
+        LINE_TIMEOUT,
+        || first_in_line(":1\r\n"),
+    )
+    .await;
+    let second = {
+        let lock = lock(&other, LINE_TIMEOUT * 2);
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    wait_until_async("both wait in line on nodes 0-2", LINE_TIMEOUT, || {
+        first_in_line(":2\r\n")
+    })
+    .await;
+    proxy.refuse(true);
+    proxy.drop_all();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(LINE_TIMEOUT, second).await;
+    for node in &nodes[3..] {
+        signal(node, "-CONT");
+    }
+    let guard = got
+        .expect("the second waiter got the lock before the first's wait ran out")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+    first.abort();
+}
+
+/// A key that a node holds with no expiry (not one of this library's: an
+/// operator's `SET` without `PX`) makes a waiter sleep its longest pause,
+/// not panic on an overflowing duration; its wait ends in `WaitTimeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_no_expiry_is_waited_for_without_overflow() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    for node in &nodes {
+        redis(node, &["SET", "lock:{forever}", "not-a-token"]);
+    }
+    let waited = Lock::new("forever")
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_millis(300))
+        .client(quorum_client(&nodes))
+        .acquire()
+        .await;
+    assert!(
+        matches!(waited, Err(LockError::WaitTimeout { .. })),
+        "{waited:?}"
     );
 }
 
@@ -756,24 +863,32 @@ async fn a_busy_fenced_attempt_leaves_the_holders_value_alone() {
         .try_acquire()
         .await
         .unwrap();
+    // Held on a majority at least (the third node may get it later).
     let before: Vec<Option<String>> = nodes
         .iter()
         .map(|node| get(node, "lock:{marked}"))
         .collect();
-    assert!(before.iter().all(|value| value
-        .as_deref()
-        .is_some_and(|value| value.starts_with(&format!("{}|q", held.token())))));
+    let holding = before
+        .iter()
+        .filter(|value| value.as_deref() == Some(held.token()))
+        .count();
+    assert!(holding >= 2, "{before:?}");
     let busy = Lock::new("marked")
         .fencing()
         .client(other)
         .try_acquire()
         .await;
     assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
-    let after: Vec<Option<String>> = nodes
-        .iter()
-        .map(|node| get(node, "lock:{marked}"))
-        .collect();
-    assert_eq!(after, before, "the holder's value was rewritten");
+    // Every node that held the holder's value still holds it as it was.
+    for (node, before) in nodes.iter().zip(&before) {
+        if before.as_deref() == Some(held.token()) {
+            assert_eq!(
+                get(node, "lock:{marked}").as_deref(),
+                Some(held.token()),
+                "the holder's value was rewritten"
+            );
+        }
+    }
     held.release().await.unwrap();
 }
 

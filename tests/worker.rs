@@ -156,9 +156,14 @@ async fn bookkeeping() -> Redis {
     let url = std::env::var("BOOKKEEPING_URL")
         .or_else(|_| std::env::var("REDIS_URL"))
         .expect("REDIS_URL is set by the test");
+    // The crate's default response timeout (500 ms) is short for a loaded
+    // machine; the bookkeeping only needs an answer.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(30)));
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .expect("bookkeeping connection")
 }

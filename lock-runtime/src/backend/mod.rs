@@ -127,10 +127,18 @@ pub(crate) struct WaitPlace {
     /// earlier one's grant (given up, its give-back on its way), never the
     /// reverse.
     pub(crate) attempts: AtomicU32,
+    /// Its attempts in a row that failed (too few nodes answered, or a
+    /// majority granted too late).
+    pub(crate) failures: AtomicU32,
+    /// It failed several attempts in a row and left the line, so that a
+    /// waiter that cannot complete an attempt does not stand first and hold
+    /// everyone back; it stays out until an attempt is answered by a
+    /// majority.
+    pub(crate) out_of_line: AtomicBool,
 }
 
 /// What an acquire attempt found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Acquire {
     /// Taken, with a fencing token when one was asked for; `found`: the
     /// lock already held this token (an earlier attempt took it), with this
@@ -138,6 +146,11 @@ pub(crate) enum Acquire {
     Acquired {
         fence: Option<u64>,
         found: Option<Duration>,
+        /// The value the lock holds when it is not the caller's token: over
+        /// a quorum, the winning attempt's `<token>|q<n>`, which renewals
+        /// extend exactly (an earlier attempt's value left on a node is not
+        /// counted as held).
+        holds: Option<String>,
     },
     /// Held by another, whose key expires after `expires_in` when known
     /// (none: free, but another waiter is first in line; for the shared

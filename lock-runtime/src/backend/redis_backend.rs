@@ -162,10 +162,12 @@ impl RedisBackend {
                     Value::Okay => Ok(Acquire::Acquired {
                         fence: None,
                         found: None,
+                        holds: None,
                     }),
                     Value::SimpleString(ok) if ok == "OK" => Ok(Acquire::Acquired {
                         fence: None,
                         found: None,
+                        holds: None,
                     }),
                     Value::Nil => Ok(Acquire::Busy { expires_in: None }),
                     // Not what Redis answers SET NX; an unknown outcome (the
@@ -213,6 +215,7 @@ impl RedisBackend {
             Acquire::Acquired {
                 fence: request.fence_retention_ms.map(|_| at(1) as u64),
                 found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+                holds: None,
             }
         } else {
             Acquire::Busy {

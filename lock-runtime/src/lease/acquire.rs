@@ -148,10 +148,11 @@ impl Drop for Queued<'_> {
 
 /// Outcome of one attempt.
 enum Attempt {
-    /// Acquired, with its fencing token when one was asked for, and the
-    /// key's remaining ttl when the lock was found already taken with this
-    /// token (by an earlier attempt whose answer was lost).
-    Acquired(Option<u64>, Option<Duration>),
+    /// Acquired, with its fencing token when one was asked for, the key's
+    /// remaining ttl when the lock was found already taken with this token
+    /// (by an earlier attempt whose answer was lost), and the value the lock
+    /// holds when it is not the token (over a quorum: the winning attempt's).
+    Acquired(Option<u64>, Option<Duration>, Option<String>),
     /// Held by another holder, whose key expires after the given time when
     /// Redis told it (none when free but another waiter is first in line).
     Busy(Option<Duration>),
@@ -307,7 +308,7 @@ impl Acquisition<'_> {
         let mut unknown = Unknown::new(self, &token);
         let respect = self.settings.fair;
         match self.attempt(&mut unknown, "", false, respect, None).await? {
-            Attempt::Acquired(fence, found) => Ok(unknown.acquired(fence, found)),
+            Attempt::Acquired(fence, found, holds) => Ok(unknown.acquired(fence, found, holds)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 name: self.name.to_owned(),
             }),
@@ -359,9 +360,9 @@ impl Acquisition<'_> {
                 .map(crate::backend::Subscription::notified);
             let attempt = self.attempt(&mut unknown, &member, true, respect, Some(&line));
             let expires_in = match attempt.await {
-                Ok(Attempt::Acquired(fence, found)) => {
+                Ok(Attempt::Acquired(fence, found, holds)) => {
                     place.left = true; // the acquire script took it out of the queue
-                    return Ok(unknown.acquired(fence, found));
+                    return Ok(unknown.acquired(fence, found, holds));
                 }
                 Ok(Attempt::Busy(expires_in)) => {
                     error_pause = FIRST_ERROR_PAUSE;
@@ -408,7 +409,7 @@ impl Acquisition<'_> {
             // taken over as soon as its key is gone), past the refresh of
             // its place in the queue, or past the wait.
             let mut pause = match expires_in {
-                Some(expires_in) => expires_in + Duration::from_millis(1),
+                Some(expires_in) => expires_in.saturating_add(Duration::from_millis(1)),
                 None => FALLBACK_PAUSE,
             };
             pause = pause.min(QUEUE_REFRESH);
@@ -512,7 +513,11 @@ impl Acquisition<'_> {
             place,
         };
         let result = match self.core.backend().acquire(request).await {
-            Ok(Acquire::Acquired { fence, found }) => Ok(Attempt::Acquired(fence, found)),
+            Ok(Acquire::Acquired {
+                fence,
+                found,
+                holds,
+            }) => Ok(Attempt::Acquired(fence, found, holds)),
             Ok(Acquire::Busy { expires_in }) => Ok(Attempt::Busy(expires_in)),
             Err(error) => Err(error),
         };
@@ -585,7 +590,12 @@ impl<'a> Unknown<'a> {
     /// remaining ttl), the key lives at least that remaining ttl from this
     /// attempt's send time: the hold counts as taken one ttl before that, so
     /// that its validity ends then and a renewal falls due at once.
-    fn acquired(mut self, fence: Option<u64>, found: Option<Duration>) -> LockGuard {
+    fn acquired(
+        mut self,
+        fence: Option<u64>,
+        found: Option<Duration>,
+        holds: Option<String>,
+    ) -> LockGuard {
         self.open = false;
         let (sent_at, expires_by) = match found {
             None => (self.last_sent, None),
@@ -598,8 +608,9 @@ impl<'a> Unknown<'a> {
                 )
             }
         };
+        // The hold renews and releases the value the lock holds.
         self.acquisition.guard(
-            self.token.to_owned(),
+            holds.unwrap_or_else(|| self.token.to_owned()),
             sent_at,
             expires_by,
             fence,

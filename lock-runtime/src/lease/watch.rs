@@ -255,7 +255,8 @@ impl HeldLock {
 
     /// This acquisition's random token: the value stored in the key
     /// (followed by `|<channel>|<token>`, the first queued waiter's entry,
-    /// while waiters are queued behind this holder).
+    /// while waiters are queued behind this holder). Over a quorum, the
+    /// value the winning attempt wrote on the nodes, `<token>|q<attempt>`.
     pub fn token(&self) -> &str {
         &self.hold.token
     }

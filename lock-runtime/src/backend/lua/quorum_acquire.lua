@@ -14,9 +14,14 @@
 -- only when nobody is first in line, or the caller is), ARGV[7] the caller's
 -- entry, ARGV[8] mine (1: an earlier try of this same call got no answer; if
 -- the lock holds the value, say so), ARGV[9] the caller's ticket (0: none yet,
--- this node's clock in µs is used and returned)
+-- this node's clock in µs is used and returned), ARGV[10] not after (µs on
+-- this node's clock, 0: no limit): a call that arrives later (it waited in a
+-- connection, or behind this node while it was stopped) is refused with
+-- nothing written: its caller no longer waits for the answer, and a grant
+-- would hold this node for a whole ttl for nobody.
 -- Replies {1, fence or 0, now} acquired (or found already taken with this
--- value: mine); {0, pttl, ticket, first, now} not acquired: the holder's
+-- value: mine); {0, -3, 0, 0, now} too late; {0, pttl, ticket, first, now}
+-- not acquired: the holder's
 -- remaining ttl in ms (-2: free, but another waiter is first in line), the
 -- ticket the caller is queued with here (0: not queued), 1 if the caller is
 -- first in line here. `now`: this node's clock in µs (the client keeps the
@@ -29,6 +34,7 @@ if ARGV[8] == '1' and redis.call('GET', KEYS[1]) == ARGV[1] then
   if ARGV[3] ~= '0' then fence = tonumber(redis.call('GET', KEYS[2])) or 0 end
   return {1, fence, now_us}
 end
+if ARGV[10] ~= '0' and now_us > tonumber(ARGV[10]) then return {0, -3, 0, 0, now_us} end
 local member = ARGV[7]
 local ticket = '0'
 if ARGV[5] == '1' then

@@ -72,7 +72,12 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
                     }
                 }
                 failures += 1;
-                if this.end_task_if_idle() {
+                // Over a quorum the task ends only when no node is listened
+                // on (the others' messages still come).
+                let listened = quorum
+                    .as_ref()
+                    .is_some_and(|(_, listening)| listening.load(Ordering::SeqCst) > 0);
+                if !listened && this.end_task_if_idle() {
                     return;
                 }
                 drop(this);

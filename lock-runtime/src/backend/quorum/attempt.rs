@@ -52,6 +52,14 @@ const DOWN_NODE_PATIENCE: Duration = Duration::from_millis(10);
 /// connecting: at least four times as long as the attempt took so far).
 const NEW_NODE_PATIENCE: Duration = Duration::from_millis(100);
 
+/// Failed attempts in a row after which a waiter leaves the line.
+const FAILURES_BEFORE_STEPPING_OUT: u32 = 3;
+
+/// How long after its per-node timeout a node still takes part in an
+/// attempt (a call that arrives later is refused, nothing written): the
+/// error of the client's reading of the node's clock, a round trip or so.
+const LATE_MARGIN: Duration = Duration::from_millis(100);
+
 /// The pause after the first split vote in a row (no holder, no majority):
 /// a random pause up to it, doubled after each further one up to
 /// [`SPLIT_VOTE_MAX_PAUSE`].
@@ -79,6 +87,10 @@ impl QuorumBackend {
         check(&request)?;
         let started = Instant::now();
         let place = request.place;
+        // A waiter out of line (its last attempt failed) does not join again
+        // until an attempt is answered by a majority.
+        let join =
+            request.join && !place.is_some_and(|place| place.out_of_line.load(Ordering::Relaxed));
         let ballot = Arc::new(Ballot {
             keys: request.keys.clone(),
             // The holder's token and the attempt's number: release and
@@ -92,16 +104,14 @@ impl QuorumBackend {
             ttl_ms: request.ttl_ms,
             fence_retention_ms: request.fence_retention_ms,
             waiter_timeout_ms: request.waiter_timeout_ms,
-            join: request.join,
+            join,
             // A try defers to the waiters in line, and so does a waiter,
             // unless its last attempt found it first in line on a majority:
             // the others defer to it then, and it takes a node whose first
             // waiter is gone or not yet in line elsewhere.
             respect: !place.is_some_and(|place| place.first.load(Ordering::Relaxed)),
             mine: request.mine,
-            ticket: place
-                .filter(|_| request.join)
-                .map_or(0, |place| self.ticket(place)),
+            ticket: place.filter(|_| join).map_or(0, |place| self.ticket(place)),
         });
         // No node is waited for past the caller's wait (a stopped node must
         // not make a waiter overrun it); a few ms at least, so that the last
@@ -118,8 +128,24 @@ impl QuorumBackend {
         let mut pending: FuturesUnordered<NodeCall> = (0..self.nodes.len())
             .map(|node| {
                 let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(&ballot));
+                // A node this client has not heard from yet may still have
+                // to be connected to: not cut below the new-node patience.
+                let timeout = if nodes[node].is_unknown() {
+                    timeout.max(NEW_NODE_PATIENCE).min(full)
+                } else {
+                    timeout
+                };
+                // Refused by the node if it arrives when nobody waits for
+                // its answer any more (its clock as last read; no limit
+                // before any reading).
+                let read = nodes[node].clock_at(started);
+                let not_after = if read == 0 {
+                    0
+                } else {
+                    read + (timeout + LATE_MARGIN).as_micros() as u64
+                };
                 Box::pin(async move {
-                    let vote = nodes[node].redis.vote(&ballot);
+                    let vote = nodes[node].redis.vote(&ballot, not_after);
                     (node, tokio::time::timeout(timeout, vote).await.ok())
                 }) as NodeCall
             })
@@ -231,6 +257,7 @@ impl QuorumBackend {
                 return Ok(Acquire::Acquired {
                     fence: None,
                     found: None,
+                    holds: Some(ballot.value.clone()),
                 });
             };
             // The write-back: a majority must have the token before it is
@@ -243,11 +270,13 @@ impl QuorumBackend {
                 return Ok(Acquire::Acquired {
                     fence: Some(token),
                     found: None,
+                    holds: Some(ballot.value.clone()),
                 });
             }
             // Not held after all: given back everywhere (every node may
             // hold it now).
             self.give_back_everywhere(&ballot);
+            self.step_out_of_line(place, &ballot);
             return Err(not_held_in_time(
                 request.keys,
                 started.elapsed(),
@@ -261,32 +290,38 @@ impl QuorumBackend {
         self.finish_in_background(pending, Arc::clone(&ballot), timeout, cut_short);
         if granted(&said) >= quorum {
             // A majority granted it, but too late to hold it.
+            self.step_out_of_line(place, &ballot);
             return Err(not_held_in_time(
                 request.keys,
                 started.elapsed(),
                 request.ttl_ms,
             ));
         }
-        if let Some(place) = place.filter(|_| request.join) {
-            learn(place, &said, quorum);
-        }
         let answers = said
             .iter()
             .filter(|said| matches!(said, Said::Voted(..)))
             .count();
-        // Nodes cut off by the end of the wait (not by a failure) could
-        // have answered: the lock was not acquired within the wait.
+        // Nodes cut off by the end of the wait that answered their last call
+        // could have answered this one: the lock was not acquired within the
+        // wait.
         let cut_off = if cut_short {
             (0..said.len())
                 .filter(|&node| {
                     matches!(said[node], Said::Open | Said::Silent(Silence::NoAnswer(_)))
-                        && !self.nodes[node].is_down()
+                        && self.nodes[node].is_up()
                 })
                 .count()
         } else {
             0
         };
         if answers + cut_off >= quorum {
+            if let Some(place) = place.filter(|_| request.join) {
+                place.out_of_line.store(false, Ordering::Relaxed);
+                place.failures.store(0, Ordering::Relaxed);
+                if join {
+                    learn(place, &said, quorum);
+                }
+            }
             let pause = pause(place, &said);
             tracing::trace!(
                 lock = request.keys.name(),
@@ -300,6 +335,7 @@ impl QuorumBackend {
             });
         }
         // Too few nodes answered to tell whether the lock is free.
+        self.step_out_of_line(place, &ballot);
         let silent: Vec<(usize, Silence)> = said
             .into_iter()
             .enumerate()
@@ -316,6 +352,23 @@ impl QuorumBackend {
             answers,
             silent,
         ))
+    }
+
+    /// After attempts that failed several times in a row (too few nodes
+    /// answered, or a majority granted too late: one slow round is not
+    /// enough), a waiter leaves the line on every node and stays out until
+    /// an attempt is answered by a majority: a waiter that cannot
+    /// complete an attempt (its side of a partition, a ttl too short for its
+    /// round trips) must not stand first in line and hold the others back
+    /// for its whole wait. It keeps its ticket, and so its place, for when it
+    /// joins again.
+    fn step_out_of_line(&self, place: Option<&WaitPlace>, ballot: &Arc<Ballot>) {
+        let Some(place) = place else { return };
+        let failures = place.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if ballot.join && failures >= FAILURES_BEFORE_STEPPING_OUT {
+            self.leave_line(ballot);
+            place.out_of_line.store(true, Ordering::Relaxed);
+        }
     }
 
     /// A waiter's ticket, its place in line on every node: taken once, at
@@ -349,13 +402,24 @@ impl QuorumBackend {
             Some(result) => {
                 node_ref.saw(Some(answered(&result)));
                 match result {
-                    Ok(Vote { kind, clock_us }) => Said::Voted(kind, clock_us),
+                    Ok(Vote {
+                        kind: VoteKind::TooLate,
+                        clock_us,
+                    }) => {
+                        node_ref.read_clock(clock_us);
+                        Said::Silent(Silence::NoAnswer(timeout))
+                    }
+                    Ok(Vote { kind, clock_us }) => {
+                        node_ref.read_clock(clock_us);
+                        Said::Voted(kind, clock_us)
+                    }
                     Err(error) => Said::Silent(Silence::Failed(error)),
                 }
             }
             None => {
-                // Cut off by the end of the wait, it may be healthy.
-                node_ref.saw((!cut_short).then_some(false));
+                // Cut off by the end of the wait after only a few ms, it
+                // may be healthy.
+                node_ref.saw(no_answer(timeout, cut_short));
                 Said::Silent(Silence::NoAnswer(timeout))
             }
         }
@@ -380,16 +444,20 @@ impl QuorumBackend {
         tokio::spawn(async move {
             while let Some((node, answer)) = pending.next().await {
                 let node_ref = &nodes[node];
+                // Refused, or too late: nothing written.
                 let refused = matches!(
                     answer,
                     Some(Ok(Vote {
-                        kind: VoteKind::Refused { .. },
+                        kind: VoteKind::Refused { .. } | VoteKind::TooLate,
                         ..
                     }))
                 );
+                if let Some(Ok(vote)) = &answer {
+                    node_ref.read_clock(vote.clock_us);
+                }
                 match &answer {
                     Some(result) => node_ref.saw(Some(answered(result))),
-                    None => node_ref.saw((!cut_short).then_some(false)),
+                    None => node_ref.saw(no_answer(timeout, cut_short)),
                 }
                 if !refused {
                     let _ = tokio::time::timeout(
@@ -462,6 +530,13 @@ impl QuorumBackend {
     }
 }
 
+/// What a call that got no answer within `timeout` shows of its node's
+/// health (see `Node::saw`): down, unless the end of the wait cut it off
+/// after only a few ms.
+fn no_answer(timeout: Duration, cut_short: bool) -> Option<bool> {
+    (!cut_short || timeout >= NEW_NODE_PATIENCE).then_some(false)
+}
+
 /// What a waiter learns from an attempt that did not hold: its ticket (the
 /// first time it is put in line: the median of the nodes' clocks, which it
 /// sends unchanged from then on), and whether it is first in line on a
@@ -514,7 +589,9 @@ impl QuorumClock {
                 _ => None,
             })
             .collect();
-        if clocks.is_empty() {
+        // A majority of the nodes' clocks, so that one node's clock far off
+        // cannot move every ticket of this client.
+        if clocks.len() < said.len() / 2 + 1 {
             return;
         }
         clocks.sort_unstable();
@@ -685,6 +762,37 @@ pub(super) fn unreachable(
                 nodes.len(),
                 nodes.quorum(),
                 which.join("; ")
+            ),
+        )
+        .into(),
+    )
+}
+
+/// The error of a release whose answers do not decide it: a majority
+/// answered, but split between nodes that still held the lock and nodes
+/// that no longer did, and the silent ones could tip it either way.
+pub(super) fn undecided(
+    nodes: &Nodes,
+    keys: &LockKeys,
+    held: usize,
+    not_held: usize,
+    silent: Vec<(usize, Silence)>,
+) -> LockError {
+    let which: Vec<String> = silent
+        .iter()
+        .map(|(node, silence)| format!("{}: {silence}", nodes[*node].label))
+        .collect();
+    LockError::redis(
+        keys.name(),
+        "release",
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the nodes' answers do not decide it: {held} still held the lock, {not_held} no \
+                 longer did, {} did not answer ({}); {} agreeing make a majority",
+                silent.len(),
+                which.join("; "),
+                nodes.quorum(),
             ),
         )
         .into(),

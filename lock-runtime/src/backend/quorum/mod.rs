@@ -40,12 +40,16 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use self::attempt::{unreachable, QuorumClock};
+use self::attempt::{undecided, unreachable, QuorumClock};
 use self::nodes::{answered, Nodes, Silence};
 use super::RedisBackend;
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
+
+/// How long nodes that failed their last call are waited for, at least,
+/// by a renewal that only they could still decide for some lock.
+const DOWN_PATIENCE: Duration = Duration::from_millis(10);
 
 pub(crate) struct QuorumBackend {
     nodes: Arc<Nodes>,
@@ -234,7 +238,10 @@ impl Backend for QuorumBackend {
                         .filter(|&node| !heard[node])
                         .map(|node| (node, Silence::NoAnswer(sent_at.elapsed()))),
                 );
-                return Err(unreachable(&self.nodes, keys, "release", answers, silent));
+                if answers < quorum {
+                    return Err(unreachable(&self.nodes, keys, "release", answers, silent));
+                }
+                return Err(undecided(&self.nodes, keys, mine, not, silent));
             };
             Ok(Release {
                 found,
@@ -311,8 +318,24 @@ impl Backend for QuorumBackend {
             let mut not = vec![0usize; items.len()];
             let mut other = vec![false; items.len()];
             let mut silent = nodes;
-            while let Some((node, answer)) = pending.next().await {
+            let mut heard = vec![false; nodes];
+            let started = Instant::now();
+            // Once only nodes that failed their last call are yet to answer,
+            // they are waited for briefly (as by an attempt): a lock they
+            // alone could decide is tried again alone, and the others' new
+            // validity is not held up for the call deadline.
+            let mut cutoff: Option<Instant> = None;
+            loop {
+                let next = match cutoff {
+                    Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    },
+                    None => pending.next().await,
+                };
+                let Some((node, answer)) = next else { break };
                 silent -= 1;
+                heard[node] = true;
                 if answer.is_none() {
                     self.nodes.failed(node, "renewal");
                 }
@@ -332,6 +355,10 @@ impl Backend for QuorumBackend {
                     (0..items.len()).all(|i| mine[i] >= quorum || not[i] > nodes - quorum);
                 if decided || silent == 0 {
                     break;
+                }
+                let only_down = (0..nodes).all(|node| heard[node] || self.nodes[node].is_down());
+                if cutoff.is_none() && only_down {
+                    cutoff = Some(Instant::now() + (started.elapsed() * 2).max(DOWN_PATIENCE));
                 }
             }
             let mut found = Vec::with_capacity(items.len());

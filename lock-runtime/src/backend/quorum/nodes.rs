@@ -3,6 +3,7 @@
 //! when only it could still decide an attempt).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::backend::{retryable, RedisBackend};
@@ -17,6 +18,9 @@ pub(super) struct Node {
     health: AtomicU8,
     /// When its failure was last logged (ms since `Nodes::started`).
     warned: AtomicU64,
+    /// Its clock (µs) as its last answer gave it, and when that answer
+    /// arrived: its clock now, give or take a round trip.
+    clock: Mutex<Option<(Instant, u64)>>,
 }
 
 pub(super) struct Nodes {
@@ -62,6 +66,7 @@ impl Nodes {
                     label,
                     health: AtomicU8::new(UNKNOWN),
                     warned: AtomicU64::new(0),
+                    clock: Mutex::new(None),
                 })
                 .collect(),
             started: Instant::now(),
@@ -119,9 +124,39 @@ impl Node {
         self.health.load(Ordering::Relaxed) == UP
     }
 
+    /// This client has not heard from it yet.
+    pub(super) fn is_unknown(&self) -> bool {
+        self.health.load(Ordering::Relaxed) == UNKNOWN
+    }
+
     /// It failed its last call.
     pub(super) fn is_down(&self) -> bool {
         self.health.load(Ordering::Relaxed) == DOWN
+    }
+
+    /// Notes the node's clock (µs) from an answer that just arrived.
+    pub(super) fn read_clock(&self, clock_us: u64) {
+        if clock_us > 0 {
+            *self
+                .clock
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                Some((Instant::now(), clock_us));
+        }
+    }
+
+    /// The node's clock (µs) at `at`, as its last answer gave it; 0 before
+    /// any answer.
+    pub(super) fn clock_at(&self, at: Instant) -> u64 {
+        let reading = *self
+            .clock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        reading.map_or(0, |(read_at, clock_us)| {
+            let since = at.saturating_duration_since(read_at).as_micros() as u64;
+            let before = read_at.saturating_duration_since(at).as_micros() as u64;
+            (clock_us + since).saturating_sub(before)
+        })
     }
 
     /// Notes what its last call showed: `Some(true)` an answer, `Some(false)`

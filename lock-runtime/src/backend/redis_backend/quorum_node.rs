@@ -27,6 +27,10 @@ pub(crate) enum VoteKind {
     /// Granted (or found granted to this attempt by an earlier try of the
     /// same call), with the node's fencing token when one was asked for.
     Granted { fence: Option<u64> },
+    /// Not taken part: the call reached the node after its `not_after` (it
+    /// waited in a connection, or behind a stopped node), when nobody waits
+    /// for its answer any more; nothing was written.
+    TooLate,
     /// Not granted.
     Refused {
         /// The holder's remaining ttl here; `None`: the lock is free here,
@@ -38,6 +42,10 @@ pub(crate) enum VoteKind {
         first: bool,
     },
 }
+
+/// What a node's refusal reports for a key it holds with no expiry: the
+/// longest a waiter sleeps anyway (its place is refreshed sooner).
+const NO_EXPIRY: Duration = Duration::from_secs(3600);
 
 /// One attempt over a quorum, as each node is asked it: owned, so that the
 /// calls to nodes that have not answered when the attempt settles can go on
@@ -63,11 +71,13 @@ pub(crate) struct Ballot {
 
 impl RedisBackend {
     /// One node's part of an attempt over a quorum (`quorum_acquire.lua`).
-    pub(crate) async fn vote(&self, ballot: &Ballot) -> Result<Vote, LockError> {
+    /// `not_after_us`: the node refuses to take part past this time on its
+    /// clock (0: no limit).
+    pub(crate) async fn vote(&self, ballot: &Ballot, not_after_us: u64) -> Result<Vote, LockError> {
         let keys = &ballot.keys;
         let retention_ms = ballot.fence_retention_ms.unwrap_or(0);
         let bytes = 4 * keys.lock.len() + 40 + ballot.value.len() + 80 + ballot.member.len();
-        let mut cmd = evalsha(&QUORUM_ACQUIRE, 4, 13, bytes);
+        let mut cmd = evalsha(&QUORUM_ACQUIRE, 4, 14, bytes);
         cmd.arg(&keys.lock)
             .arg(keys.fence())
             .arg(keys.tickets())
@@ -84,7 +94,8 @@ impl RedisBackend {
             // A retry of this call recognises a lock its first try took.
             let mut cmd = cmd.clone();
             cmd.arg(u8::from(ballot.mine || number > 0))
-                .arg(ballot.ticket);
+                .arg(ballot.ticket)
+                .arg(not_after_us);
             async move {
                 let reply: Vec<i64> = run(&QUORUM_ACQUIRE, &cmd, &mut connection, scripts).await?;
                 let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
@@ -93,12 +104,16 @@ impl RedisBackend {
                     VoteKind::Granted {
                         fence: ballot.fence_retention_ms.map(|_| at(1) as u64),
                     }
+                } else if at(1) == -3 {
+                    VoteKind::TooLate
                 } else {
                     VoteKind::Refused {
+                        // -2: free here (another is first in line); -1: a
+                        // key with no expiry (not one of ours): held, for
+                        // as long as anyone can tell.
                         held_for: match at(1) {
                             -2 => None,
-                            // No expiry (-1: not one of ours): as long as can be.
-                            -1 => Some(Duration::MAX),
+                            -1 => Some(NO_EXPIRY),
                             ms => Some(Duration::from_millis(ms.max(0) as u64)),
                         },
                         ticket: at(2).max(0) as u64,

@@ -105,6 +105,7 @@ impl RedisBackend {
                     let acquired = Acquire::Acquired {
                         fence: None,
                         found: None,
+                        holds: None,
                     };
                     Ok((set.map(|_| acquired), queued))
                 },
@@ -261,6 +262,7 @@ pub(super) fn rw_outcome(request: &AcquireRequest<'_>, reply: &[i64]) -> Acquire
         Acquire::Acquired {
             fence: request.fence_retention_ms.map(|_| at(1) as u64),
             found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+            holds: None,
         }
     } else {
         Acquire::Busy {
