@@ -31,8 +31,9 @@
 //! - `fenced-writer KEY TTL_MS`: takes the lock (a fixed lease), prints
 //!   `held FENCE`; on `write` from stdin writes to a fenced store under its
 //!   fencing token and prints `accepted` or `rejected`.
-//! - `quick-job KEY`: an attributed job with `hold_at_least = "3s"` whose
-//!   body takes 100 ms; prints `ran` or `busy`.
+//! - `quick-job KEY [30s]`: an attributed job with `hold_at_least = "3s"`
+//!   (`"30s"` with that argument) whose body takes 100 ms; prints `ran` or
+//!   `busy`.
 //! - `fair-wait KEY ID`: waits for the fair lock; once it has it, appends ID
 //!   to the list `order`, releases, and prints `done`.
 //! - `wait KEY ID`: the same without `fair`.
@@ -113,7 +114,8 @@ async fn main() {
         ["renewed", key, counter] => renewed(key, counter).await,
         ["contend", key, millis] => contend(key, parse(millis)).await,
         ["fenced-writer", key, ttl_ms] => fenced_writer(key, parse(ttl_ms)).await,
-        ["quick-job", key] => quick_job(key).await,
+        ["quick-job", key] => quick_job(key, false).await,
+        ["quick-job", key, "30s"] => quick_job(key, true).await,
         ["fair-wait", key, id] => wait_in_line(key, id, true).await,
         ["wait", key, id] => wait_in_line(key, id, false).await,
         ["rw-count", key, mode, tasks, sections] => {
@@ -162,9 +164,16 @@ async fn bookkeeping() -> Redis {
         .expect("bookkeeping connection")
 }
 
+/// The next line on stdin. One reader for the whole process: a reader made
+/// per call could buffer the line after its own and drop it with itself.
 async fn next_line() -> String {
+    static STDIN: std::sync::OnceLock<tokio::sync::Mutex<BufReader<tokio::io::Stdin>>> =
+        std::sync::OnceLock::new();
+    let stdin = STDIN.get_or_init(|| tokio::sync::Mutex::new(BufReader::new(tokio::io::stdin())));
     let mut line = String::new();
-    BufReader::new(tokio::io::stdin())
+    stdin
+        .lock()
+        .await
         .read_line(&mut line)
         .await
         .expect("stdin");
@@ -506,8 +515,19 @@ async fn quick_job_body(key: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-async fn quick_job(key: &str) {
-    match quick_job_body(key).await {
+#[distributed_lock(key = "<key>", ttl = "60s", hold_at_least = "30s")]
+async fn long_quick_job_body(key: &str) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+async fn quick_job(key: &str, long: bool) {
+    let outcome = if long {
+        long_quick_job_body(key).await
+    } else {
+        quick_job_body(key).await
+    };
+    match outcome {
         Ok(()) => say("ran"),
         Err(error) if error.is_busy() => say("busy"),
         Err(error) => say(&format!("error: {error}")),
