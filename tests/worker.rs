@@ -22,7 +22,7 @@
 //! - `slow-holder KEY`: an attributed fn with ttl 300ms whose body prints
 //!   `in-body` and waits for `finish` on stdin; prints `returned` after.
 //! - `try KEY`: one try; prints `acquired`, `busy` or `error: MESSAGE`.
-//! - `renewed KEY COUNTER`: a body under `#[distributed_lock(ttl = "500ms",
+//! - `renewed KEY COUNTER`: a body under `#[distributed_lock(ttl = "1s",
 //!   renew)]` that INCRs COUNTER every 10 ms until `finish` arrives on stdin;
 //!   prints `in-body` once it has started, then `returned` or
 //!   `lost CAUSE` when the call returns.
@@ -420,7 +420,9 @@ static FINISH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 
 /// The side effects go through a reconnecting connection and their errors
 /// are ignored: the tests cut and restart Redis under this body.
-#[distributed_lock(key = "<key>", ttl = "500ms", renew)]
+/// A 1 s ttl: renewed every ~333 ms, so a holder process held up ~330 ms on a
+/// loaded machine does not lose the lock (it did with 500 ms).
+#[distributed_lock(key = "<key>", ttl = "1s", renew)]
 async fn renewed_body(key: &str, counter: &str) -> Result<(), LockError> {
     let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
     let client = redis::Client::open(url).unwrap();
