@@ -38,9 +38,10 @@ const WOKEN: Duration = Duration::from_secs(4);
 /// A lock that would block everyone for this long if it were orphaned.
 const LONG_TTL: Duration = Duration::from_secs(30);
 /// After a fault ends, a lock still held by nobody is deleted within this
-/// (background retries back off to 1 s and each try may take a deadline):
-/// far below `LONG_TTL`.
-const RETRY_WINDOW: Duration = Duration::from_secs(5);
+/// (background retries back off to 1 s and each try may take a deadline;
+/// slack for a loaded machine): well below `LONG_TTL`, which an orphan
+/// would last.
+const RETRY_WINDOW: Duration = Duration::from_secs(15);
 
 fn client(url: String) -> Client {
     Client::new(
