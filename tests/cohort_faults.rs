@@ -613,7 +613,8 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
     .await;
     let inside = Arc::new(AtomicBool::new(false));
     let (started_tx, started) = tokio::sync::oneshot::channel();
-    let third = tokio::spawn({
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+    let _third = tokio::spawn({
         let lock = Lock::new(key)
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30))
@@ -624,7 +625,8 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
                 inside.store(true, Ordering::SeqCst);
                 let held = lock_runtime::current().unwrap();
                 let _ = started_tx.send((held.is_held(), held.remaining()));
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                // Inside until the probe below is done.
+                let _ = tokio::time::timeout(LINE_TIMEOUT, done).await;
                 inside.store(false, Ordering::SeqCst);
             })
             .await
@@ -648,22 +650,25 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
         .unwrap()
         .unwrap();
     proxy.set_latency(Duration::ZERO);
-    let second_release = tokio::time::timeout(LINE_TIMEOUT, guard.release())
+    eprintln!("first release: {first:?}");
+    // The second task's release passes the lock on early to the third. It
+    // returns only once its own HANDOFF's outcome is known, or at the end
+    // of the first holder's validity (30 s): the third task is probed while
+    // it waits, not after.
+    let releasing = tokio::spawn(guard.release());
+    let told = tokio::time::timeout(LINE_TIMEOUT, started)
         .await
-        .unwrap();
-    eprintln!("first release: {first:?}; second release: {second_release:?}");
-    let Ok(Ok(told)) = tokio::time::timeout(Duration::from_secs(5), started).await else {
-        // Not passed early: nothing to check.
-        third.abort();
-        return;
-    };
+        .expect("the third task started")
+        .expect("the third task ran its body");
     eprintln!("the third task started, told (held, remaining) = {told:?}");
+    // The late HANDOFF lands 1.5 s after it was sent; the probe goes on
+    // well past that, while the third task stays inside.
     let probe = Lock::new(key)
         .ttl(Duration::from_secs(1))
         .client(self::client(&server));
     let until = Instant::now() + Duration::from_secs(4);
     let mut taken_while_inside = false;
-    while Instant::now() < until && inside.load(Ordering::SeqCst) {
+    while Instant::now() < until {
         if let Ok(guard) = probe.try_acquire().await {
             taken_while_inside = inside.load(Ordering::SeqCst);
             let _ = guard.release().await;
@@ -671,7 +676,19 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = tokio::time::timeout(LINE_TIMEOUT, third).await;
+    assert!(
+        inside.load(Ordering::SeqCst),
+        "the task left during the probe"
+    );
+    let _ = done_tx.send(());
+    eprintln!(
+        "the second task's release {}",
+        if releasing.is_finished() {
+            format!("returned {:?}", releasing.await)
+        } else {
+            "is still waiting".to_owned()
+        }
+    );
     let _ = second.await;
     assert!(
         !taken_while_inside,
