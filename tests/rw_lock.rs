@@ -244,7 +244,7 @@ async fn releasing_a_reentrant_read_hold_stops_its_renewal() {
     let server = RedisServer::start();
     let client = client(&server);
     let lock = RwLock::new("inventory")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_millis(600))
         .renew()
         .client(client.clone());
     let inner_lock = lock.read();
@@ -265,7 +265,7 @@ async fn releasing_a_reentrant_read_hold_stops_its_renewal() {
     assert!(score(&server, "lock:{inventory}:rw:readers", &token).is_none());
     let sent = client.renewal_stats().renewals_sent;
     // Three renewal periods later nothing was renewed or recreated.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // an observation window
     assert_eq!(client.renewal_stats().renewals_sent, sent);
     assert_eq!(
         redis(&server, &["EXISTS", "lock:{inventory}:rw:readers"]),
