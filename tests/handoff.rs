@@ -111,8 +111,9 @@ async fn a_waiter_takes_over_a_killed_holder_at_its_expiry() {
     .await;
     let started = Instant::now();
     let calls_before = acquire_calls(&server);
-    holder.kill_hard(); // no release, no message: only the expiry frees the key
-                        // The holder's last second.
+    // No release, no message: only the expiry frees the key, which has a
+    // second left.
+    holder.kill_hard();
     assert_eq!(
         redis(&server, &["PEXPIRE", "lock:{crash}", "1000"]),
         ":1\r\n"

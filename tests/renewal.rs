@@ -294,9 +294,9 @@ async fn max_hold_and_on_lost_need_renew() {
 async fn a_kept_lock_is_never_extended_by_a_late_renewal() {
     let server = RedisServer::start();
     let client = client(&server);
-    /// Kept locks to check: rounds run until this many released locks were
-    /// kept (a 30 ms lock can be lost on a loaded machine), within
-    /// `LINE_TIMEOUT`.
+    /// Rounds: at least this many, and on until half as many released
+    /// locks were kept (a 30 ms lock can be lost on a loaded machine: it
+    /// keeps nothing), within `LINE_TIMEOUT`.
     const ROUNDS: usize = 200;
     let hold_at_least = Duration::from_secs(30);
     let mut kept = Vec::new();
