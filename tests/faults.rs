@@ -33,7 +33,7 @@ const RECOVERED: Duration = Duration::from_millis(1500);
 /// A waiter takes a lock freed while its connections were closed within
 /// this: its next refresh (500 ms), a reconnect, slack for a loaded
 /// machine. A waiter that missed the release and never tries again waits
-/// until its wait (5 s and more) ends.
+/// until its wait (10 s and more here) ends.
 const WOKEN: Duration = Duration::from_secs(4);
 /// A lock that would block everyone for this long if it were orphaned.
 const LONG_TTL: Duration = Duration::from_secs(30);
