@@ -561,7 +561,29 @@ async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
     let server = RedisServer::start();
-    for round in 0..5 {
+    // The reader's client, its connection open (and its scripts loaded):
+    // its try below is one round trip, well inside the writer's sleep.
+    let reader_client = client(&server);
+    let warm = RwLock::new("warm").client(reader_client.clone());
+    warm.read()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    warm.write()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    const ROUNDS: usize = 10;
+    // Per round that proved nothing: when the writer and the reader got in,
+    // counted from the end of the kept hold.
+    let mut late = Vec::new();
+    for round in 0..ROUNDS {
         let name = format!("kept-{round}");
         let key = format!("lock:{{{name}}}:rw");
         let lock = RwLock::new(name.clone()).ttl(Duration::from_secs(10));
@@ -616,11 +638,12 @@ async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
         )
         .await;
         // The kept hold ends: no script runs.
+        let ended = std::time::Instant::now();
         redis(&server, &["DEL", &key]);
         // A reader arrives (try_acquire: the plain SET first).
         let read = lock
             .clone()
-            .client(client(&server))
+            .client(reader_client.clone())
             .read()
             .try_acquire()
             .await;
@@ -638,12 +661,17 @@ async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
             None => return,
             // The writer was done before the reader came: no test this
             // round.
-            Some(reader_entered) if writer_entered < reader_entered => {}
+            Some(reader_entered) if writer_entered < reader_entered => {
+                late.push((writer_entered - ended, reader_entered - ended));
+            }
             Some(_) => panic!(
                 "round {round}: a reader got in ahead of the queued writer (still queued: \
                  {writer_was_queued})"
             ),
         }
     }
-    panic!("in 5 rounds the reader never came while the writer was queued");
+    panic!(
+        "in {ROUNDS} rounds the reader never came while the writer was queued: (writer in, \
+         reader in) after the kept hold ended: {late:?}"
+    );
 }
