@@ -15,12 +15,20 @@ fn rule() -> Vec<&'static str> {
 }
 
 fn user(server: &RedisServer, name: &str, rule: &[&str]) -> Client {
+    Client::new(user_config(server, name, rule)).unwrap()
+}
+
+/// Sets up the user `name` with `rule`; the configuration of a client
+/// that logs in as that user.
+fn user_config(server: &RedisServer, name: &str, rule: &[&str]) -> Config {
     let mut args = vec!["ACL", "SETUSER", name];
     args.extend_from_slice(rule);
     let reply = redis(server, &args);
     assert!(reply.starts_with("+OK"), "{reply}");
-    let url = format!("redis://{name}:secret@127.0.0.1:{}/", server.port());
-    Client::new(Config::new(url)).unwrap()
+    Config::new(format!(
+        "redis://{name}:secret@127.0.0.1:{}/",
+        server.port()
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,7 +41,7 @@ async fn the_minimal_rule_runs_every_primitive() {
     // Try, busy, fencing, renew, release.
     let held = Lock::new("acl")
         .fencing()
-        .ttl(Duration::from_millis(600))
+        .ttl(Duration::from_millis(900))
         .renew()
         .client(one.clone())
         .try_acquire()
@@ -47,7 +55,11 @@ async fn the_minimal_rule_runs_every_primitive() {
         redis(&server, &["LLEN", "lock:{acl}:queue"]) == ":1\r\n"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(800)).await; // renewed past its ttl
+    // Renewed past its ttl: 4 renewals, every 300 ms.
+    wait_until_async("renewed past its ttl", LINE_TIMEOUT, || {
+        one.renewal_stats().renewals_sent >= 4
+    })
+    .await;
     assert!(held.is_held());
     held.release().await.unwrap();
     waited(waiter).await.release().await.unwrap();
@@ -81,7 +93,14 @@ async fn a_missing_permission_is_named_at_once() {
         .filter(|rule| *rule != "+evalsha")
         .collect();
     rule.push("-evalsha");
-    let client = user(&server, "lacking", &rule);
+    // A call may take up to 10 s (connect + response timeouts): an error
+    // retried until then is far past the bound below.
+    let client = Client::new(
+        user_config(&server, "lacking", &rule)
+            .connect_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
     // The first call of a script is EVAL (allowed); its second is EVALSHA.
     let started = Instant::now();
     let mut outcome = Ok(());
@@ -106,7 +125,7 @@ async fn a_missing_permission_is_named_at_once() {
         "{message}"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "took {:?}",
         started.elapsed()
     );

@@ -177,7 +177,14 @@ fn the_attribute_follows_the_return_type_rules() {
         // and gets it once its holder releases.
         let holder = hold("shard:3").await;
         let waiting = tokio::spawn(async move { (shard.handle().await, shard) });
-        tokio::time::sleep(Duration::from_millis(100)).await; // an observation window
+        // It waits (in Redis, or in the process: the holder is of its
+        // client too).
+        let client = lock_runtime::global_client().unwrap();
+        wait_until_async("the waiter waits", LINE_TIMEOUT, || {
+            redis(&server, &["LLEN", "lock:{shard:3}:queue"]) == ":1\r\n"
+                || client.waiting_in_process("shard:3") == 1
+        })
+        .await;
         assert!(!waiting.is_finished(), "the waiter did not wait");
         holder.release().await.unwrap();
         let (handled, _shard) = waiting.await.unwrap();

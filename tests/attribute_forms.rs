@@ -10,7 +10,6 @@ mod common;
 use common::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use lock_runtime::{current, distributed_lock, Client, Config, Lock, LockError};
 use tokio::sync::{mpsc, Semaphore};
@@ -110,7 +109,12 @@ async fn an_axum_style_handler_locks_per_extracted_id() {
     let other = tokio::spawn(settle(State(app.clone()), Path(2)));
     assert_eq!(entered(&mut rx).await, "order:2");
     assert_eq!(peek(State(app.clone()), Path(3)).await.unwrap(), "order:3");
-    tokio::time::sleep(Duration::from_millis(100)).await; // an observation window
+    // The second call for order 1 waits (in Redis, or in the process).
+    wait_until_async("the second call for order 1 waits", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{order:1}:queue"]) == ":1\r\n"
+            || app.locks.waiting_in_process("order:1") == 1
+    })
+    .await;
     assert!(
         rx.try_recv().is_err(),
         "the second call for order 1 went in"

@@ -104,16 +104,19 @@ async fn a_holder_known_lost_does_not_start_the_next_task() {
         .unwrap()
         .unwrap();
     assert!(outcome.is_err(), "{outcome:?}");
-    // Give the waiter a moment to start, if it was (wrongly) passed the lock.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let seen_now = seen.lock().unwrap().clone();
-    if let Some((held, token)) = seen_now {
-        assert!(
-            held.starts_with(&token),
-            "the next task ran while the key held {held:?} (its token {token})"
-        );
-    }
-    let _ = tokio::time::timeout(LINE_TIMEOUT, waiter).await;
+    // The waiter runs once, when it gets the lock: wrongly passed it, while
+    // the other client holds the key; rightly, once that key expired and
+    // it took the lock in Redis. It saw which.
+    let ran = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("the waiter got the lock within its wait")
+        .unwrap();
+    assert!(ran.is_ok(), "{ran:?}");
+    let (held, token) = seen.lock().unwrap().clone().expect("the waiter ran");
+    assert!(
+        held.starts_with(&token),
+        "the next task ran while the key held {held:?} (its token {token})"
+    );
 }
 
 /// `release()` cancelled while its hand-off task waits to retry a HANDOFF
@@ -128,6 +131,7 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
     let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
     let inside = Arc::new(AtomicBool::new(false));
     let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
     let waiter = tokio::spawn({
         let lock = Lock::new(key)
             .ttl(Duration::from_secs(30))
@@ -138,7 +142,8 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
             lock.run(async move {
                 inside.store(true, Ordering::SeqCst);
                 let _ = started_tx.send(());
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // Inside until the probe below is done.
+                let _ = tokio::time::timeout(LINE_TIMEOUT, done).await;
                 inside.store(false, Ordering::SeqCst);
             })
             .await
@@ -152,7 +157,10 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
     let release = tokio::spawn(holder.release());
     // Told at once with the early pass (before it, the next task waited for
     // the HANDOFF's answer).
-    let _ = tokio::time::timeout(Duration::from_millis(300), started).await;
+    tokio::time::timeout(LINE_TIMEOUT, started)
+        .await
+        .expect("passed early, while the connection stalls")
+        .unwrap();
     // The HANDOFF, stalled, never reaches Redis: its connection breaks and it
     // is retried 5 ms later. The caller gives up on `release()` meanwhile.
     proxy.drop_all();
@@ -161,7 +169,9 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
     let probe = Lock::new(key)
         .ttl(Duration::from_secs(1))
         .client(self::client(&server));
-    let until = Instant::now() + Duration::from_millis(600);
+    // The task stays inside all along: whatever the drop sends lands
+    // within this window.
+    let until = Instant::now() + Duration::from_secs(1);
     let mut taken_while_inside = false;
     while Instant::now() < until {
         if let Ok(guard) = probe.try_acquire().await {
@@ -171,7 +181,12 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let _ = waiter.await;
+    assert!(
+        inside.load(Ordering::SeqCst),
+        "the task left during the probe"
+    );
+    let _ = done_tx.send(());
+    let _ = tokio::time::timeout(LINE_TIMEOUT, waiter).await;
     assert!(
         !taken_while_inside,
         "another client took the key while the task passed the lock was inside"
@@ -185,16 +200,20 @@ async fn a_cancelled_release_does_not_free_the_key_under_the_next_task() {
 async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
     let server = RedisServer::start();
     let proxy = test_support::Proxy::start(server.port());
+    // Short timeouts, so that the HANDOFF times out while the connection
+    // stalls (100 ms ones can fail the set-up's calls through the proxy on
+    // a loaded machine).
     let client = Client::new(
         Config::new(proxy.url())
-            .connect_timeout(Duration::from_millis(100))
-            .response_timeout(Duration::from_millis(100)),
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300)),
     )
     .unwrap();
     let key = "timeout";
     let holder = cohort_holder(&server, &client, key, Duration::from_secs(30)).await;
     let inside = Arc::new(AtomicBool::new(false));
     let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
     let waiter = tokio::spawn({
         let lock = Lock::new(key)
             .ttl(Duration::from_secs(30))
@@ -206,7 +225,8 @@ async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
                 inside.store(true, Ordering::SeqCst);
                 let held = lock_runtime::current().unwrap();
                 let _ = started_tx.send(held.remaining());
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                // Inside until the probe below is done.
+                let _ = tokio::time::timeout(LINE_TIMEOUT, done).await;
                 inside.store(false, Ordering::SeqCst);
             })
             .await
@@ -217,21 +237,37 @@ async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
     })
     .await;
     proxy.stall();
+    let connections = proxy.accepted();
+    let stalled_at = Instant::now();
     let release = tokio::spawn(holder.release());
     // Told at once with the early pass (before it, the next task waited for
     // the HANDOFF's answer, and went to Redis without one).
-    let remaining = tokio::time::timeout(Duration::from_millis(150), started)
+    let remaining = tokio::time::timeout(LINE_TIMEOUT, started)
         .await
-        .ok()
-        .and_then(Result::ok);
-    // The HANDOFF's deadline (200 ms) passes while stalled.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+        .expect("passed early, while the connection stalls")
+        .unwrap();
+    // The HANDOFF times out while stalled: the client gives its connection
+    // up and opens another (a call that times out replaces it).
+    wait_until_async("the HANDOFF timed out", LINE_TIMEOUT, || {
+        proxy.accepted() > connections
+    })
+    .await;
+    // The stall lasts two call deadlines (600 ms): the fault of the scenario.
+    tokio::time::sleep(
+        (stalled_at + Duration::from_millis(1200)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     proxy.resume();
-    let outcome = release.await.unwrap();
+    let outcome = tokio::time::timeout(LINE_TIMEOUT, release)
+        .await
+        .expect("the release ends")
+        .unwrap();
     eprintln!("passer's release: {outcome:?}");
     let probe = Lock::new(key)
         .ttl(Duration::from_secs(1))
         .client(self::client(&server));
+    // The task stays inside all along: the background releases land within
+    // this window.
     let until = Instant::now() + Duration::from_millis(1000);
     let mut taken_while_inside = false;
     while Instant::now() < until {
@@ -242,7 +278,12 @@ async fn a_handoff_timeout_does_not_free_the_key_under_the_running_task() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let _ = waiter.await;
+    assert!(
+        inside.load(Ordering::SeqCst),
+        "the task left during the probe"
+    );
+    let _ = done_tx.send(());
+    let _ = tokio::time::timeout(LINE_TIMEOUT, waiter).await;
     assert!(
         !taken_while_inside,
         "another client took the key while the task passed the lock (told it had {remaining:?}) was inside"
@@ -277,7 +318,8 @@ fn a_pass_dropped_unsettled_does_not_hang_the_next_holder() {
         async move {
             let guard = lock.acquire().await.unwrap();
             let _ = told_tx.send(());
-            tokio::time::timeout(Duration::from_secs(5), guard.release()).await
+            // A hang (30 s, the lock's validity, or for ever) is the bug.
+            tokio::time::timeout(Duration::from_secs(15), guard.release()).await
         }
     });
     main.block_on(wait_until_async(
@@ -288,18 +330,17 @@ fn a_pass_dropped_unsettled_does_not_hang_the_next_holder() {
     proxy.stall();
     secondary.block_on(async {
         let release = tokio::spawn(holder.release());
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The pass is under way (its HANDOFF stalled).
+        wait_until_async("the pass is under way", LINE_TIMEOUT, || {
+            client.waiting_in_process(key) == 0
+        })
+        .await;
         drop(release);
     });
     drop(secondary); // the hand-off task is dropped with it, unsettled
     proxy.resume();
-    let told = main.block_on(async { tokio::time::timeout(Duration::from_secs(3), told).await });
-    if told.is_err() {
-        // Not passed early (the cohort ended with the hand-off task): the
-        // waiter waits in Redis for the 30 s key; nothing can hang.
-        waiter.abort();
-        return;
-    }
+    let told = main.block_on(async { tokio::time::timeout(LINE_TIMEOUT, told).await });
+    assert!(told.is_ok(), "passed early (before the HANDOFF's answer)");
     let outcome = main.block_on(waiter).unwrap();
     assert!(
         outcome.is_ok(),
@@ -348,7 +389,8 @@ async fn a_release_of_a_lock_passed_early_waits_for_its_handoff() {
         .unwrap();
     assert!(released.is_ok(), "{released:?}");
     let _ = tokio::time::timeout(LINE_TIMEOUT, passing).await;
-    wait_until_async("the lock is free", Duration::from_secs(2), || {
+    // Free now, not at the end of its 30 s ttl.
+    wait_until_async("the lock is free", Duration::from_secs(10), || {
         redis(&server, &["EXISTS", "lock:{early-release}"]) == ":0\r\n"
     })
     .await;
@@ -571,7 +613,8 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
     .await;
     let inside = Arc::new(AtomicBool::new(false));
     let (started_tx, started) = tokio::sync::oneshot::channel();
-    let third = tokio::spawn({
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+    let _third = tokio::spawn({
         let lock = Lock::new(key)
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30))
@@ -582,7 +625,8 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
                 inside.store(true, Ordering::SeqCst);
                 let held = lock_runtime::current().unwrap();
                 let _ = started_tx.send((held.is_held(), held.remaining()));
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                // Inside until the probe below is done.
+                let _ = tokio::time::timeout(LINE_TIMEOUT, done).await;
                 inside.store(false, Ordering::SeqCst);
             })
             .await
@@ -606,22 +650,25 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
         .unwrap()
         .unwrap();
     proxy.set_latency(Duration::ZERO);
-    let second_release = tokio::time::timeout(LINE_TIMEOUT, guard.release())
+    eprintln!("first release: {first:?}");
+    // The second task's release passes the lock on early to the third. It
+    // returns only once its own HANDOFF's outcome is known, or at the end
+    // of the first holder's validity (30 s): the third task is probed while
+    // it waits, not after.
+    let releasing = tokio::spawn(guard.release());
+    let told = tokio::time::timeout(LINE_TIMEOUT, started)
         .await
-        .unwrap();
-    eprintln!("first release: {first:?}; second release: {second_release:?}");
-    let Ok(Ok(told)) = tokio::time::timeout(Duration::from_secs(1), started).await else {
-        // Not passed early: nothing to check.
-        third.abort();
-        return;
-    };
+        .expect("the third task started")
+        .expect("the third task ran its body");
     eprintln!("the third task started, told (held, remaining) = {told:?}");
+    // The late HANDOFF lands 1.5 s after it was sent; the probe goes on
+    // well past that, while the third task stays inside.
     let probe = Lock::new(key)
         .ttl(Duration::from_secs(1))
         .client(self::client(&server));
     let until = Instant::now() + Duration::from_secs(4);
     let mut taken_while_inside = false;
-    while Instant::now() < until && inside.load(Ordering::SeqCst) {
+    while Instant::now() < until {
         if let Ok(guard) = probe.try_acquire().await {
             taken_while_inside = inside.load(Ordering::SeqCst);
             let _ = guard.release().await;
@@ -629,7 +676,19 @@ async fn a_late_handoff_does_not_free_the_key_under_a_task_passed_early() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = tokio::time::timeout(LINE_TIMEOUT, third).await;
+    assert!(
+        inside.load(Ordering::SeqCst),
+        "the task left during the probe"
+    );
+    let _ = done_tx.send(());
+    eprintln!(
+        "the second task's release {}",
+        if releasing.is_finished() {
+            format!("returned {:?}", releasing.await)
+        } else {
+            "is still waiting".to_owned()
+        }
+    );
     let _ = second.await;
     assert!(
         !taken_while_inside,
@@ -664,7 +723,8 @@ fn a_release_of_a_lock_passed_early_does_not_hang_on_an_idle_runtime() {
         async move {
             let guard = lock.acquire().await.unwrap();
             let _ = told_tx.send(());
-            tokio::time::timeout(Duration::from_secs(5), guard.release()).await
+            // The bug was a hang; the fix ends it with the validity (3 s).
+            tokio::time::timeout(LINE_TIMEOUT, guard.release()).await
         }
     });
     main.block_on(wait_until_async(
@@ -678,15 +738,15 @@ fn a_release_of_a_lock_passed_early_does_not_hang_on_an_idle_runtime() {
         let _ = tokio::time::timeout(Duration::from_millis(50), holder.release()).await;
     });
     proxy.resume();
-    let told = main.block_on(async { tokio::time::timeout(Duration::from_secs(3), told).await });
+    let told = main.block_on(async { tokio::time::timeout(LINE_TIMEOUT, told).await });
     assert!(told.is_ok(), "passed early (before the HANDOFF's answer)");
     let outcome = main.block_on(async { tokio::time::timeout(LINE_TIMEOUT, waiter).await });
     let outcome = outcome.unwrap().unwrap();
     let held = value(&redis(&server, &["GET", "lock:{idle-runtime}"]));
     assert!(
         outcome.is_ok(),
-        "the release of the lock passed early hung (5 s) waiting for a HANDOFF outcome \
-         nobody applies; the key holds {held:?}"
+        "the release of the lock passed early hung ({LINE_TIMEOUT:?}) waiting for a HANDOFF \
+         outcome nobody applies; the key holds {held:?}"
     );
     drop(secondary);
 }

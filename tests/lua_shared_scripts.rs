@@ -55,7 +55,13 @@ const RW: [&str; 5] = ["{rw}:w", "{rw}:r", "{rw}:q", "{rw}:d", "{rw}:f"];
 const SEM: [&str; 3] = ["{sem}:p", "{sem}:q", "{sem}:d"];
 
 const LONG: u64 = 30_000;
-const WAIT: Duration = Duration::from_secs(3);
+/// A bound on waits for an expiry (generous: reached only when something
+/// hangs).
+const WAIT: Duration = LINE_TIMEOUT;
+/// The ttl of a holder that is to expire while another script runs behind
+/// it: the second script must reach Redis within it, so it is not the
+/// 50 ms that a loaded machine can exceed between two commands.
+const SHORT: u64 = 500;
 
 fn connect(server: &RedisServer) -> Connection {
     redis::Client::open(server.url())
@@ -510,7 +516,7 @@ fn a_lone_reader_is_renewed_and_never_revived() {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     assert!(lone_read(con, "r0"));
-    query::<i64>(con, &["PEXPIRE", RW[0], "1000"]);
+    query::<i64>(con, &["PEXPIRE", RW[0], "10000"]);
     let renewed: Vec<i64> = eval(
         con,
         RENEW_SHARES,
@@ -604,14 +610,14 @@ fn expired_reader_share_frees_a_writer_without_release() {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     let reader = Rw {
-        ttl: 50,
+        ttl: SHORT,
         ..Rw::read("r1")
     };
     assert_eq!(reader.acquire(con), [1, 0]);
     let writer = Rw::write("w1");
     let blocked = writer.acquire(con);
     assert_eq!(blocked[0], 0);
-    assert!(blocked[1] > 0 && blocked[1] <= 50, "{blocked:?}");
+    assert!(blocked[1] > 0 && blocked[1] <= SHORT as i64, "{blocked:?}");
     poll_until_acquired(|| writer.acquire(con));
     assert!(!exists(con, RW[1]), "expired share removed");
     assert_eq!(reader.release(con), 0, "lost");
@@ -921,14 +927,14 @@ fn expired_semaphore_holder_frees_its_permit() {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     let short = Sem {
-        ttl: 50,
+        ttl: SHORT,
         ..Sem::new("a", 1, 1)
     };
     assert_eq!(short.acquire(con), [1, 0]);
     let waiter = Sem::new("b", 1, 1);
     let blocked = waiter.acquire(con);
     assert_eq!(blocked[0], 0);
-    assert!(blocked[1] > 0 && blocked[1] <= 50, "{blocked:?}");
+    assert!(blocked[1] > 0 && blocked[1] <= SHORT as i64, "{blocked:?}");
     poll_until_acquired(|| waiter.acquire(con));
     assert_eq!(short.release(con), 0, "lost");
     let renewed: Vec<i64> = eval(con, RENEW_SHARES, &[SEM[0]], &["1|b", "60000", "1"]);
@@ -1013,13 +1019,13 @@ fn an_expired_writer_does_not_open_the_plain_read_to_a_queued_writer() {
     plain_read_refused_after_the_writer_key_ends(|_| {});
 }
 
-/// w0 holds (50 ms ttl), w1 queues behind it, `end` runs; once w0's key is
+/// w0 holds (a short ttl), w1 queues behind it, `end` runs; once w0's key is
 /// gone by its ttl alone (no script ran), a plain read is refused.
 fn plain_read_refused_after_the_writer_key_ends(end: impl FnOnce(&mut Connection)) {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     let w0 = Rw {
-        ttl: 50,
+        ttl: SHORT,
         ..Rw::write("w0")
     };
     assert_eq!(w0.acquire(con), [1, 0]);
@@ -1041,7 +1047,7 @@ fn expired_writer_release_under_the_gate_is_expired_not_taken_over() {
     let server = RedisServer::start();
     let con = &mut connect(&server);
     let w0 = Rw {
-        ttl: 50,
+        ttl: SHORT,
         ..Rw::write("w0")
     };
     assert_eq!(w0.acquire(con), [1, 0]);

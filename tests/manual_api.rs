@@ -18,6 +18,7 @@ async fn try_acquire_sets_token_and_ttl_then_release_deletes() {
     let lock = Lock::new("order:1")
         .ttl(Duration::from_secs(10))
         .client(client(&server));
+    let asked = std::time::Instant::now();
     let guard = lock.try_acquire().await.unwrap();
     assert_eq!(guard.redis_key(), "lock:{order:1}");
     assert_eq!(guard.token().len(), 32);
@@ -31,7 +32,12 @@ async fn try_acquire_sets_token_and_ttl_then_release_deletes() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(pttl > 9_000 && pttl <= 10_000, "{pttl}");
+    // 10 s from when it was taken (since `asked`).
+    let since = asked.elapsed().as_millis() as i64;
+    assert!(
+        pttl >= 10_000 - since - 5 && pttl <= 10_000,
+        "{pttl} ms left {since} ms after asking"
+    );
 
     let busy = lock.try_acquire().await.unwrap_err();
     assert!(
@@ -66,12 +72,15 @@ async fn a_waiter_gets_the_lock_after_release() {
         .await
         .unwrap();
     let waiter = tokio::spawn({
-        let lock = Lock::new("queue")
-            .client(client)
-            .wait(Duration::from_secs(10));
+        let lock = Lock::new("queue").client(client.clone()).wait(LINE_TIMEOUT);
         async move { lock.acquire().await }
     });
-    tokio::task::yield_now().await;
+    // It waits (in Redis, or in the process behind a holder of its client).
+    wait_until_async("the waiter waits", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{queue}:queue"]) == ":1\r\n"
+            || client.waiting_in_process("queue") == 1
+    })
+    .await;
     holder.release().await.unwrap();
     let guard = waiter.await.unwrap().expect("the waiter gets the lock");
     guard.release().await.unwrap();
@@ -129,11 +138,9 @@ async fn a_dropped_guard_is_released_in_the_background() {
         .await
         .unwrap();
     drop(guard);
-    wait_until(
-        "the dropped guard's key is deleted",
-        Duration::from_secs(5),
-        || redis(&server, &["EXISTS", "lock:{dropped}"]) == ":0\r\n",
-    );
+    wait_until("the dropped guard's key is deleted", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{dropped}"]) == ":0\r\n"
+    });
 }
 
 // Current-thread: nothing else runs while the release is polled, so its
@@ -155,7 +162,7 @@ async fn a_cancelled_release_still_releases() {
     drop(release);
     wait_until_async(
         "the cancelled release's lock is deleted",
-        Duration::from_secs(5),
+        LINE_TIMEOUT,
         || redis(&server, &["EXISTS", "lock:{cancelled}"]) == ":0\r\n",
     )
     .await;
@@ -165,7 +172,8 @@ async fn a_cancelled_release_still_releases() {
 #[tokio::test]
 async fn a_cancelled_acquire_leaves_no_lock_behind() {
     let server = RedisServer::start();
-    let lock = Lock::new("abandoned").client(client(&server));
+    let client = client(&server);
+    let lock = Lock::new("abandoned").client(client.clone());
     let mut acquire = Box::pin(lock.try_acquire());
     let first_poll = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
     assert!(
@@ -173,13 +181,20 @@ async fn a_cancelled_acquire_leaves_no_lock_behind() {
         "the acquire was meant to be cut off"
     );
     drop(acquire);
-    // Whether or not the SET was applied, no lock is left behind.
-    tokio::time::sleep(Duration::from_millis(50)).await; // let the SET and the cleanup run
-    wait_until_async(
-        "the cancelled acquire's lock is gone",
-        Duration::from_secs(5),
-        || redis(&server, &["EXISTS", "lock:{abandoned}"]) == ":0\r\n",
-    )
+    // Whether or not the SET was applied, no lock is left behind. A round
+    // trip of the same client, sent after the SET, has its answer only once
+    // the SET (if it was sent) ran.
+    Lock::new("barrier")
+        .client(client)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    wait_until_async("the cancelled acquire's lock is gone", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{abandoned}"]) == ":0\r\n"
+    })
     .await;
     lock.try_acquire()
         .await

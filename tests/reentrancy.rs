@@ -46,12 +46,21 @@ async fn inner(id: u32) -> Result<Option<u64>, LockError> {
     Ok(current().unwrap().fencing_token())
 }
 
-#[distributed_lock(key = "tree:<name>", renew, ttl = "300ms")]
+#[distributed_lock(key = "tree:<name>", renew, ttl = "900ms")]
 async fn walk(name: &str, depth: u32) -> Result<u32, LockError> {
     if depth == 0 {
-        // Deep inside, the renewed outer hold is still held past its ttl.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        return Ok(current().map_or(0, |lock| u32::from(lock.is_held())));
+        // Deep inside, the renewed outer hold is still held past its ttl:
+        // waits until a ttl has passed and a renewal moved the validity past
+        // the one it was acquired with (or the hold was lost).
+        let lock = current().expect("inside the body");
+        let started = std::time::Instant::now();
+        while lock.is_held()
+            && (started.elapsed() <= lock.ttl()
+                || std::time::Instant::now() + lock.remaining() <= started + lock.ttl())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        return Ok(u32::from(lock.is_held()));
     }
     Ok(1 + Box::pin(walk(name, depth - 1)).await?)
 }
@@ -377,7 +386,7 @@ fn entries_under_a_manual_guard_fail_fast_and_guard_run_nests() {
             let guard = lock.acquire().await.unwrap();
             assert!(guard.is_reentrant());
             for nested in [lock.clone(), lock.clone().wait(Duration::MAX)] {
-                let outcome = tokio::time::timeout(Duration::from_secs(5), nested.run(async {}))
+                let outcome = tokio::time::timeout(LINE_TIMEOUT, nested.run(async {}))
                     .await
                     .expect("a nested entry waited for its own guard");
                 match outcome {

@@ -31,6 +31,17 @@ fn share_expiry(server: &RedisServer, name: &str, token: &str) -> Option<i64> {
     score(server, &format!("{writer_key}:readers"), token)
 }
 
+/// Calls of `command` Redis has run so far (those made by scripts included).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = redis(server, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 fn server_ms(server: &RedisServer) -> i64 {
     let reply = redis(server, &["TIME"]);
     let parts: Vec<&str> = reply.split("\r\n").collect();
@@ -45,9 +56,11 @@ async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
     let lock = RwLock::new("prices")
         .ttl(Duration::from_secs(10))
         .client(client(&server));
+    let before = server_ms(&server);
     let first = lock.read().try_acquire().await.unwrap();
     let second = lock.read().try_acquire().await.unwrap();
     let third = lock.read().try_acquire().await.unwrap();
+    let after = server_ms(&server);
     assert_eq!(first.redis_key(), "lock:{prices}:rw");
     assert_ne!(first.token(), second.token());
     // The first reader of an idle lock took the writer key with a plain SET
@@ -57,12 +70,13 @@ async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
         value(&redis(&server, &["GET", "lock:{prices}:rw"])),
         Some(format!("r:{}", first.token()))
     );
-    let now = server_ms(&server);
+    // 10 s from when it was taken, between `before` and `after` (the
+    // server's clock, in whole ms).
     for guard in [&first, &second, &third] {
         let expiry = share_expiry(&server, "prices", guard.token()).unwrap();
         assert!(
-            expiry > now + 9_000 && expiry <= now + 10_100,
-            "{expiry} vs {now}"
+            expiry >= before + 9_990 && expiry <= after + 10_010,
+            "{expiry} vs {before}..{after}"
         );
     }
     assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
@@ -172,8 +186,11 @@ async fn another_readers_renewal_does_not_keep_a_dead_share_alive() {
     let server = RedisServer::start();
     let (alive, dead) = (client(&server), client(&server));
     let lock = RwLock::new("catalog").ttl(Duration::from_millis(300));
+    // The live reader renews every 300 ms: held through the test's waits
+    // on a loaded machine.
     let renewed = lock
         .clone()
+        .ttl(Duration::from_millis(900))
         .renew()
         .client(alive.clone())
         .read()
@@ -193,7 +210,7 @@ async fn another_readers_renewal_does_not_keep_a_dead_share_alive() {
     let renewals = alive.renewal_stats().renewals_sent;
     wait_until_async(
         "the live reader was renewed past the dead share's expiry",
-        Duration::from_secs(5),
+        LINE_TIMEOUT,
         || alive.renewal_stats().renewals_sent >= renewals + 3 && server_ms(&server) > dead_expiry,
     )
     .await;
@@ -202,10 +219,10 @@ async fn another_readers_renewal_does_not_keep_a_dead_share_alive() {
     let writer = lock
         .clone()
         .client(alive.clone())
-        .wait(Duration::from_secs(5))
+        .wait(LINE_TIMEOUT)
         .write();
     let waiting = tokio::spawn(async move { writer.acquire().await });
-    wait_until_async("the writer queued", Duration::from_secs(5), || {
+    wait_until_async("the writer queued", LINE_TIMEOUT, || {
         redis(&server, &["LLEN", "lock:{catalog}:rw:queue"]) == ":1\r\n"
     })
     .await;
@@ -227,7 +244,7 @@ async fn releasing_a_reentrant_read_hold_stops_its_renewal() {
     let server = RedisServer::start();
     let client = client(&server);
     let lock = RwLock::new("inventory")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_millis(600))
         .renew()
         .client(client.clone());
     let inner_lock = lock.read();
@@ -248,7 +265,7 @@ async fn releasing_a_reentrant_read_hold_stops_its_renewal() {
     assert!(score(&server, "lock:{inventory}:rw:readers", &token).is_none());
     let sent = client.renewal_stats().renewals_sent;
     // Three renewal periods later nothing was renewed or recreated.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // an observation window
     assert_eq!(client.renewal_stats().renewals_sent, sent);
     assert_eq!(
         redis(&server, &["EXISTS", "lock:{inventory}:rw:readers"]),
@@ -356,10 +373,16 @@ async fn a_write_release_wakes_every_queued_reader_at_once() {
     })
     .await;
     assert_eq!(inside.load(Ordering::SeqCst), 0);
-    // The writer's ttl is 30 s: only the release's message lets them in.
+    // The writer's ttl is 30 s: the release's message lets them in (their
+    // refreshes, every 500 ms, would too, later: the message is counted).
+    let published = calls(&server, "publish");
     writer.release().await.unwrap();
+    assert!(
+        calls(&server, "publish") > published,
+        "the release woke nobody"
+    );
     for reader in readers {
-        tokio::time::timeout(Duration::from_secs(5), reader)
+        tokio::time::timeout(LINE_TIMEOUT, reader)
             .await
             .expect("woken by the release")
             .unwrap()
@@ -389,18 +412,27 @@ async fn writers_get_increasing_fencing_tokens_and_readers_none_smaller() {
 #[tokio::test]
 async fn a_renewed_read_share_outlives_its_ttl_and_its_loss_stops_the_body() {
     let server = RedisServer::start();
+    let client = client(&server);
     let lock = RwLock::new("cache")
-        .ttl(Duration::from_millis(200))
+        .ttl(Duration::from_millis(600))
         .renew()
-        .client(client(&server));
+        .client(client.clone());
+    // Past its ttl: renewed 4 times (every 200 ms).
+    let renewed_past_the_ttl = |renewals: u64| {
+        let client = client.clone();
+        let sent = client.renewal_stats().renewals_sent + renewals;
+        wait_until_async("renewed past the ttl", LINE_TIMEOUT, move || {
+            client.renewal_stats().renewals_sent >= sent
+        })
+    };
     let guard = lock.read().try_acquire().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    renewed_past_the_ttl(4).await;
     assert!(guard.is_held());
     // a lone reader (the writer key), renewed
     assert!(share_expiry(&server, "cache", guard.token()).is_some());
     // and a reader of the ZSET, renewed alongside it
     let member = lock.read().try_acquire().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    renewed_past_the_ttl(8).await;
     assert!(guard.is_held() && member.is_held());
     assert!(score(&server, "lock:{cache}:rw:readers", member.token()).is_some());
     assert!(share_expiry(&server, "cache", guard.token()).is_some());
@@ -470,11 +502,11 @@ async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
     let port = server.port();
     let client = client(&server);
     let rw = RwLock::new("flushed")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_millis(600))
         .renew()
         .client(client.clone());
     let semaphore = lock_runtime::Semaphore::new("flushed", 2)
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_millis(600))
         .renew()
         .client(client.clone());
     let every_kind = || async {
@@ -486,8 +518,13 @@ async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
             .await
             .unwrap();
         let permit = semaphore.acquire().await.unwrap();
-        // past a ttl: renewed (the lone reader, the ZSET reader, the permit)
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // past a ttl: renewed 4 times each, every 200 ms (the lone reader,
+        // the ZSET reader, the permit)
+        let sent = client.renewal_stats().renewals_sent + 12;
+        wait_until_async("renewed past the ttl", LINE_TIMEOUT, || {
+            client.renewal_stats().renewals_sent >= sent
+        })
+        .await;
         assert!(lone.is_held() && member.is_held() && permit.is_held());
         for guard in [lone, member, permit] {
             guard.release().await.unwrap();
@@ -513,66 +550,128 @@ async fn the_shared_kinds_survive_a_script_flush_and_a_restart() {
 /// A writer released with `hold_at_least` keeps the key as `kept:<token>`,
 /// and no script runs when that ends, so the queue exists with neither
 /// holder nor gate: a plain read must still not pass the queued writer
-/// (which sleeps up to its 500 ms refresh), nor hold it off past its wait.
+/// (which sleeps up to its 500 ms refresh), nor hold it off.
+///
+/// The kept hold is ended by the test (a DEL, as its expiry would: no
+/// script, no message) right after the writer's attempt that follows its
+/// subscription, so that the writer sleeps until its next refresh while
+/// the reader arrives. On a loaded machine the reader can still come after
+/// the writer is done: then the round is run again (the scenario must
+/// happen in one of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_read_never_passes_a_writer_queued_behind_a_kept_hold() {
     let server = RedisServer::start();
-    let lock = RwLock::new("kept").ttl(Duration::from_secs(10));
-    let first = lock
-        .clone()
-        .hold_at_least(Duration::from_millis(250))
-        .client(client(&server))
-        .write()
+    // The reader's client, its connection open (and its scripts loaded):
+    // its try below is one round trip, well inside the writer's sleep.
+    let reader_client = client(&server);
+    let warm = RwLock::new("warm").client(reader_client.clone());
+    warm.read()
         .try_acquire()
         .await
+        .unwrap()
+        .release()
+        .await
         .unwrap();
-    let writer = lock
-        .clone()
-        .wait(Duration::from_millis(1500))
-        .client(client(&server))
-        .write();
-    let waiting = tokio::spawn(async move {
-        writer.acquire().await.map(|guard| {
-            let entered = std::time::Instant::now();
-            drop(guard);
-            entered
-        })
-    });
-    wait_until_async("the writer queued", Duration::from_secs(5), || {
-        redis(&server, &["LLEN", "lock:{kept}:rw:queue"]) == ":1\r\n"
-    })
-    .await;
-    first.release().await.unwrap(); // kept until 250 ms after its acquire
-    assert!(
-        value(&redis(&server, &["GET", "lock:{kept}:rw"])).is_some_and(|v| v.starts_with("kept:")),
-        "set up: the hold_at_least already ended"
-    );
-    wait_until_async("the kept hold ended", Duration::from_secs(5), || {
-        redis(&server, &["EXISTS", "lock:{kept}:rw"]) == ":0\r\n"
-    })
-    .await;
-    // A reader arrives (try_acquire: the plain SET first), usually while
-    // the writer is still queued (it may have got in already, when its
-    // last attempt slept until the kept key's end rather than until its
-    // 500 ms refresh: the order below holds either way).
-    let read = lock
-        .clone()
-        .client(client(&server))
-        .read()
+    warm.write()
         .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    const ROUNDS: usize = 10;
+    // Per round that proved nothing: when the writer and the reader got in,
+    // counted from the end of the kept hold.
+    let mut late = Vec::new();
+    for round in 0..ROUNDS {
+        let name = format!("kept-{round}");
+        let key = format!("lock:{{{name}}}:rw");
+        let lock = RwLock::new(name.clone()).ttl(Duration::from_secs(10));
+        let first = lock
+            .clone()
+            .hold_at_least(Duration::from_secs(30))
+            .client(client(&server))
+            .write()
+            .try_acquire()
+            .await
+            .unwrap();
+        let writer = lock
+            .clone()
+            .wait(LINE_TIMEOUT)
+            .client(client(&server))
+            .write();
+        let waiting = tokio::spawn(async move {
+            writer.acquire().await.map(|guard| {
+                let entered = std::time::Instant::now();
+                drop(guard);
+                entered
+            })
+        });
+        let queue = format!("{key}:queue");
+        wait_until_async("the writer queued", LINE_TIMEOUT, || {
+            redis(&server, &["LLEN", &queue]) == ":1\r\n"
+        })
         .await;
-    let reader_entered = read.is_ok().then(std::time::Instant::now);
-    // It reads for 2 s: longer than the writer's wait.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    drop(read);
-    // The writer got in, and a reader only after it (the plain read gave
-    // back the key it found free, and the script refused it or, once the
-    // writer was gone, let it in).
-    let writer_entered = waiting.await.unwrap().unwrap();
-    if let Some(reader_entered) = reader_entered {
+        // Its attempts from here, and the release's script.
+        let attempts = calls(&server, "evalsha") + calls(&server, "eval");
+        let entry = value(&redis(&server, &["LINDEX", &queue, "0"])).unwrap();
+        // `w|<channel>|<token>`
+        let channel = entry
+            .split('|')
+            .find(|part| part.starts_with("lock-waiters:"))
+            .unwrap()
+            .to_owned();
+        first.release().await.unwrap(); // kept for 30 s
         assert!(
-            writer_entered < reader_entered,
-            "a reader got in ahead of the queued writer"
+            value(&redis(&server, &["GET", &key])).is_some_and(|v| v.starts_with("kept:")),
+            "set up: the hold_at_least is kept"
         );
+        // The writer subscribed and tried again (its next try is a refresh,
+        // 500 ms on).
+        wait_until_async(
+            "the writer subscribed and tried again",
+            LINE_TIMEOUT,
+            || {
+                redis(&server, &["PUBSUB", "NUMSUB", &channel]).ends_with(":1\r\n")
+                    && calls(&server, "evalsha") + calls(&server, "eval") > attempts + 1
+            },
+        )
+        .await;
+        // The kept hold ends: no script runs.
+        let ended = std::time::Instant::now();
+        redis(&server, &["DEL", &key]);
+        // A reader arrives (try_acquire: the plain SET first).
+        let read = lock
+            .clone()
+            .client(reader_client.clone())
+            .read()
+            .try_acquire()
+            .await;
+        let reader_entered = read.is_ok().then(std::time::Instant::now);
+        let writer_was_queued = !waiting.is_finished();
+        drop(read);
+        let writer_entered = tokio::time::timeout(LINE_TIMEOUT, waiting)
+            .await
+            .expect("the writer gets in")
+            .unwrap()
+            .unwrap();
+        match reader_entered {
+            // The plain read gave back the key it found free, and the
+            // script refused it: the writer was first.
+            None => return,
+            // The writer was done before the reader came: no test this
+            // round.
+            Some(reader_entered) if writer_entered < reader_entered => {
+                late.push((writer_entered - ended, reader_entered - ended));
+            }
+            Some(_) => panic!(
+                "round {round}: a reader got in ahead of the queued writer (still queued: \
+                 {writer_was_queued})"
+            ),
+        }
     }
+    panic!(
+        "in {ROUNDS} rounds the reader never came while the writer was queued: (writer in, \
+         reader in) after the kept hold ended: {late:?}"
+    );
 }

@@ -136,22 +136,28 @@ async fn a_release_wakes_a_waiter_and_a_dead_holders_permit_comes_back() {
         redis(&server, &["LLEN", "lock:{exports}:sem:queue"]) == ":1\r\n"
     })
     .await;
-    // The holder's ttl is 30 s: only the release's message wakes the
-    // waiter in time.
+    // The holder's ttl is 30 s: the release's message wakes the waiter
+    // (its refresh, every 500 ms, would too, later: the message is counted).
+    let published = command_calls(&server, "publish");
     holder.release().await.unwrap();
-    let woken = tokio::time::timeout(Duration::from_secs(5), waiter)
+    assert!(
+        command_calls(&server, "publish") > published,
+        "the release woke nobody"
+    );
+    let woken = tokio::time::timeout(LINE_TIMEOUT, waiter)
         .await
         .expect("woken by the release")
         .unwrap()
         .unwrap();
     woken.release().await.unwrap();
-    // A holder that dies (never releases) gives its permit back within its
-    // ttl, with no cleanup job.
+    // A holder that dies (never releases) gives its permit back at the end
+    // of its ttl, with no cleanup job (without one it would never come
+    // back: the wait would end).
     let short = Semaphore::new("exports", 1)
         .ttl(Duration::from_millis(300))
-        .wait(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .client(client);
-    tokio::time::timeout(Duration::from_secs(2), async {
+    tokio::time::timeout(LINE_TIMEOUT, async {
         let dying = short.try_acquire().await.unwrap();
         std::mem::forget(dying);
         short.acquire().await.unwrap().release().await.unwrap();
@@ -165,18 +171,21 @@ async fn a_renewed_permit_outlives_its_ttl() {
     let server = RedisServer::start();
     let client = client(&server);
     let semaphore = Semaphore::new("exports", 1)
-        .ttl(Duration::from_millis(200))
+        .ttl(Duration::from_millis(600))
         .renew()
         .client(client.clone());
     let output = semaphore
         .run(async {
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            // Past its ttl: renewed 4 times, every 200 ms.
+            wait_until_async("renewed past the ttl", LINE_TIMEOUT, || {
+                client.renewal_stats().renewals_sent >= 4
+            })
+            .await;
             lock_runtime::current().unwrap().is_held()
         })
         .await
         .unwrap();
     assert!(output);
-    assert!(client.renewal_stats().renewals_sent >= 2);
     assert_eq!(client.renewal_stats().lost, 0);
     assert_eq!(redis(&server, &["EXISTS", KEY]), ":0\r\n");
 }

@@ -87,7 +87,14 @@ fn held(line: &str) -> (String, u64) {
 #[test]
 fn readers_in_different_processes_hold_the_lock_together() {
     let server = RedisServer::start();
-    let mut readers = start_together(&server, 4, &["rw-count", "shelf", "read", "2", "20"]);
+    // `overlap`: a section waits inside until readers of two processes
+    // were inside at once (the lock allows it; a lock that did not would
+    // keep them apart, and the count below would show it).
+    let mut readers = start_together(
+        &server,
+        4,
+        &["rw-count", "shelf", "read", "2", "20", "overlap"],
+    );
     assert_all_done(&mut readers);
 
     assert_eq!(number(&server, "shelf:violations"), 0);
@@ -168,7 +175,7 @@ fn a_writer_gets_in_while_readers_keep_coming() {
         assert_eq!(reader.line(LINE_TIMEOUT), "ready");
     }
 
-    let mut writer = worker(&server, &["rw-write-timed", "feed", "5000"]);
+    let mut writer = worker(&server, &["rw-write-timed", "feed", "30000"]);
     let line = writer.line(LINE_TIMEOUT);
     let took: u64 = line
         .strip_prefix("acquired-after ")
@@ -176,8 +183,9 @@ fn a_writer_gets_in_while_readers_keep_coming() {
         .parse()
         .unwrap();
     // A waiting writer stops new readers: it waits for the sections already
-    // inside (2 ms each, slower on a loaded machine), not for a gap.
-    assert!(took < 2500, "the writer waited {took} ms of its 5000 ms");
+    // inside (2 ms each, slower on a loaded machine), not for a gap (its
+    // connection was open before the clock started).
+    assert!(took < 4000, "the writer waited {took} ms");
 
     // The readers queued behind the writer get back in after it.
     let after_writer = number(&server, "feed:read-sections");
@@ -199,7 +207,9 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     let (writer_key, readers_key) = ("lock:{catalog}:rw", "lock:{catalog}:rw:readers");
     // The victim comes first to an idle lock: it is the lone reader, its
     // share the writer key `r:<token>` with the key's own expiry.
-    let mut victim = worker(&server, &["rw-hold", "catalog", "read", "1500"]);
+    // Long ttls while the processes start; the victim's share is shortened
+    // (to 1.5 s) once everyone is in place.
+    let mut victim = worker(&server, &["rw-hold", "catalog", "read", "60000"]);
     let (victim_token, _) = held(&victim.line(LINE_TIMEOUT));
     let lone = format!("r:{victim_token}");
     assert_eq!(
@@ -208,7 +218,7 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     );
     let mut others: Vec<(Process, String)> = (0..2)
         .map(|_| {
-            let mut reader = worker(&server, &["rw-hold", "catalog", "read", "8000"]);
+            let mut reader = worker(&server, &["rw-hold", "catalog", "read", "120000"]);
             let (token, _) = held(&reader.line(LINE_TIMEOUT));
             (reader, token)
         })
@@ -219,9 +229,9 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
             .parse()
             .unwrap()
     };
-    let victim_expiry = server_now_ms(&server) + pttl(&server);
     let shares = zset(&server, readers_key);
     assert_eq!(shares.len(), 2, "{shares:?}");
+    let victim_expiry = server_now_ms(&server) + pttl(&server);
     for (_, expiry) in &shares {
         assert!(
             expiry.parse::<i64>().unwrap() > victim_expiry + 5000,
@@ -253,6 +263,10 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
     });
     let mut newcomer = worker(&server, &["rw-try", "catalog", "read"]);
     assert_eq!(newcomer.line(LINE_TIMEOUT), "busy");
+
+    // The dead share's ttl runs out in 1.5 s.
+    assert_eq!(redis(&server, &["PEXPIRE", writer_key, "1500"]), ":1\r\n");
+    let victim_expiry = server_now_ms(&server) + pttl(&server);
 
     // The dead share goes once its ttl has passed on the server clock (the
     // waiting writer's attempts prune it), and not before.
@@ -296,7 +310,13 @@ fn a_killed_readers_share_ends_at_its_expiry_and_no_other() {
 #[test]
 fn a_semaphore_never_lets_more_than_its_permits_in() {
     let server = RedisServer::start();
-    let mut workers = start_together(&server, 4, &["sem-count", "exports", "3", "3", "15"]);
+    // `fill`: a section waits inside until the permits were all taken at
+    // once (reached whenever the semaphore allows it).
+    let mut workers = start_together(
+        &server,
+        4,
+        &["sem-count", "exports", "3", "3", "15", "fill"],
+    );
     assert_all_done(&mut workers);
     assert_eq!(number(&server, "exports:violations"), 0);
     // Reached, never exceeded: in the sections, and in the semaphore's ZSET.
@@ -309,20 +329,37 @@ fn a_semaphore_never_lets_more_than_its_permits_in() {
 fn a_killed_permit_holders_permit_comes_back_at_its_expiry() {
     let server = RedisServer::start();
     let permits_key = "lock:{printer}:sem";
-    let mut holder = worker(&server, &["sem-hold", "printer", "1", "1000"]);
+    // A long ttl while the processes start; the dead permit's expiry is
+    // brought to 1 s from now once the waiter waits.
+    let mut holder = worker(&server, &["sem-hold", "printer", "1", "60000"]);
     let (holder_token, _) = held(&holder.line(LINE_TIMEOUT));
     let mut other = worker(&server, &["sem-try", "printer", "1"]);
     assert_eq!(other.line(LINE_TIMEOUT), "busy");
     let holder_member = format!("1|{holder_token}");
-    let holder_expiry: i64 = value(&redis(&server, &["ZSCORE", permits_key, &holder_member]))
-        .expect("the holder's permit")
-        .parse()
-        .unwrap();
+    let mut waiter = worker(&server, &["sem-hold", "printer", "1", "10000", "60000"]);
+    wait_until("the waiter waits in line", LINE_TIMEOUT, || {
+        redis(&server, &["LLEN", "lock:{printer}:sem:queue"]) == ":1\r\n"
+    });
 
     holder.kill_hard(); // no release: only its expiry gives the permit back
+    let holder_expiry = server_now_ms(&server) + 1000;
+    assert_eq!(
+        redis(
+            &server,
+            &[
+                "ZADD",
+                permits_key,
+                "XX",
+                "CH",
+                &holder_expiry.to_string(),
+                &holder_member
+            ]
+        ),
+        ":1\r\n",
+        "the holder's permit"
+    );
     let left = holder_expiry - server_now_ms(&server);
     let started = Instant::now();
-    let mut waiter = worker(&server, &["sem-hold", "printer", "1", "10000", "5000"]);
     let (waiter_token, took) = held(&waiter.line(LINE_TIMEOUT));
     let elapsed = started.elapsed();
 

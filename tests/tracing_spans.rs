@@ -174,9 +174,9 @@ async fn a_lost_lock_is_returned_not_also_logged() {
     let server = RedisServer::start();
     let client = Client::new(Config::new(server.url())).unwrap();
     let lock = Lock::new("lost")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_millis(900))
         .renew()
-        .client(client);
+        .client(client.clone());
     let result = lock
         .run(async {
             // Another party deletes the key: the next renewal finds it gone.
@@ -185,6 +185,25 @@ async fn a_lost_lock_is_returned_not_also_logged() {
         })
         .await;
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    // What the background renewal and release do after `run` returned is
+    // logged too: wait until nothing is renewed, then make a round trip on
+    // the same connection (an answer sent before it has come in by then)
+    // and let the woken tasks run.
+    wait_until_async("nothing is renewed", LINE_TIMEOUT, || {
+        client.renewal_stats().active == 0
+    })
+    .await;
+    Lock::new("barrier")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
     let errors: Vec<String> = seen
         .events
         .lock()

@@ -8,7 +8,7 @@ use common::*;
 use std::time::Duration;
 
 /// The ttl the `renewed` worker mode uses.
-const TTL: Duration = Duration::from_millis(500);
+const TTL: Duration = Duration::from_secs(1);
 const KEY: &str = "lock:{watched}";
 
 fn counter(server: &RedisServer) -> i64 {

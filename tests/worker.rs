@@ -23,7 +23,7 @@
 //! - `slow-holder KEY`: an attributed fn with ttl 300ms whose body prints
 //!   `in-body` and waits for `finish` on stdin; prints `returned` after.
 //! - `try KEY`: one try; prints `acquired`, `busy` or `error: MESSAGE`.
-//! - `renewed KEY COUNTER`: a body under `#[distributed_lock(ttl = "500ms",
+//! - `renewed KEY COUNTER`: a body under `#[distributed_lock(ttl = "1s",
 //!   renew)]` that INCRs COUNTER every 10 ms until `finish` arrives on stdin;
 //!   prints `in-body` once it has started, then `returned` or
 //!   `lost CAUSE` when the call returns.
@@ -32,8 +32,9 @@
 //! - `fenced-writer KEY TTL_MS`: takes the lock (a fixed lease), prints
 //!   `held FENCE`; on `write` from stdin writes to a fenced store under its
 //!   fencing token and prints `accepted` or `rejected`.
-//! - `quick-job KEY`: an attributed job with `hold_at_least = "3s"` whose
-//!   body takes 100 ms; prints `ran` or `busy`.
+//! - `quick-job KEY [30s]`: an attributed job with `hold_at_least = "3s"`
+//!   (`"30s"` with that argument) whose body takes 100 ms; prints `ran` or
+//!   `busy`.
 //! - `fair-wait KEY ID`: waits for the fair lock; once it has it, appends ID
 //!   to the list `order`, releases, and prints `done`.
 //! - `wait KEY ID`: the same without `fair`.
@@ -43,7 +44,7 @@
 //! and a section that finds another holder it should not see counts a
 //! violation (also INCR `KEY:violations`); the modes that run sections end
 //! by printing `done` when there was none, else `violation N: FIRST`.
-//! - `rw-count KEY MODE TASKS SECTIONS`: MODE is `read` or `write`. Prints
+//! - `rw-count KEY MODE TASKS SECTIONS [overlap]`: MODE is `read` or `write`. Prints
 //!   `ready`, waits for `go` on stdin, then TASKS tasks each run SECTIONS
 //!   sections under the RwLock KEY (ttl 10 s, wait 60 s) on that side. A
 //!   read section INCRs `KEY:readers-in` (keeping the highest value seen in
@@ -53,12 +54,16 @@
 //!   section INCRs `KEY:writers-in`, checks it is 1 and `KEY:readers-in` is
 //!   0, does a non-atomic GET / +1 / SET of `KEY:counter`, checks again and
 //!   DECRs. MODE `write-as-read` runs the write sections under the read side
-//!   (the control that shows the checks catch sharing writers).
+//!   (the control that shows the checks catch sharing writers). With
+//!   `overlap`, a read section, once inside, waits (up to 10 s) until
+//!   readers of two processes have been inside at once, so that the
+//!   overlap the test looks for happens whenever the lock allows it.
 //! - `rw-hammer KEY TASKS`: TASKS tasks run read sections (as `rw-count`)
 //!   back to back; prints `ready` once this process finished one, and stops
 //!   when `stop` arrives on stdin; prints `done` or `violation ...`.
-//! - `rw-write-timed KEY WAIT_MS`: takes the write side (ttl 10 s, wait
-//!   WAIT_MS), runs one write section holding it 20 ms, releases; prints
+//! - `rw-write-timed KEY WAIT_MS`: opens its client's connection (a plain
+//!   lock `KEY:warm` taken and released), then takes the write side (ttl
+//!   10 s, wait WAIT_MS), runs one write section holding it 20 ms, releases; prints
 //!   `acquired-after MS` (MS: how long the acquire took), `timeout`, or
 //!   `violation ...`.
 //! - `rw-hold KEY MODE TTL_MS [WAIT_MS]`: takes the `read` or `write` side
@@ -68,12 +73,14 @@
 //!   `lost CAUSE` or `error: MESSAGE`.
 //! - `rw-try KEY MODE`: one try of that side; prints `acquired` (and
 //!   releases), `busy` or `error: MESSAGE`.
-//! - `sem-count KEY PERMITS TASKS SECTIONS`: prints `ready`, waits for `go`,
+//! - `sem-count KEY PERMITS TASKS SECTIONS [fill]`: prints `ready`, waits for `go`,
 //!   then TASKS tasks each run SECTIONS sections holding one permit of the
 //!   Semaphore KEY (ttl 10 s, wait 60 s). A section INCRs `KEY:inside`
 //!   (highest value seen kept in `KEY:max-inside`) and counts the permits of
 //!   the live holders in the semaphore's ZSET (highest kept in
 //!   `KEY:max-holders`), each a violation above PERMITS; sleeps 2 ms, DECRs.
+//!   With `fill`, a section, once inside, waits (up to 10 s) until PERMITS
+//!   sections have been inside at once.
 //! - `sem-hold KEY PERMITS TTL_MS [WAIT_MS]`: takes one permit (manual API,
 //!   no renewal); then as `rw-hold`.
 //! - `sem-try KEY PERMITS`: one try of one permit; as `rw-try`.
@@ -114,11 +121,17 @@ async fn main() {
         ["renewed", key, counter] => renewed(key, counter).await,
         ["contend", key, millis] => contend(key, parse(millis)).await,
         ["fenced-writer", key, ttl_ms] => fenced_writer(key, parse(ttl_ms)).await,
-        ["quick-job", key] => quick_job(key).await,
+        ["quick-job", key] => quick_job(key, false).await,
+        ["quick-job", key, "30s"] => quick_job(key, true).await,
         ["fair-wait", key, id] => wait_in_line(key, id, true).await,
         ["wait", key, id] => wait_in_line(key, id, false).await,
-        ["rw-count", key, mode, tasks, sections] => {
-            rw_count(key, mode, parse(tasks), parse(sections)).await
+        ["rw-count", key, mode, tasks, sections, rest @ ..] => {
+            let overlap = match rest {
+                [] => false,
+                ["overlap"] => true,
+                _ => panic!("rw-count: unknown flags {rest:?}"),
+            };
+            rw_count(key, mode, parse(tasks), parse(sections), overlap).await
         }
         ["rw-hammer", key, tasks] => rw_hammer(key, parse(tasks)).await,
         ["rw-write-timed", key, wait_ms] => rw_write_timed(key, parse(wait_ms)).await,
@@ -127,8 +140,13 @@ async fn main() {
             hold_shared(side(&lock, mode)).await
         }
         ["rw-try", key, mode] => try_shared(side(&RwLock::new(*key), mode)).await,
-        ["sem-count", key, permits, tasks, sections] => {
-            sem_count(key, parse(permits), parse(tasks), parse(sections)).await
+        ["sem-count", key, permits, tasks, sections, rest @ ..] => {
+            let fill = match rest {
+                [] => false,
+                ["fill"] => true,
+                _ => panic!("sem-count: unknown flags {rest:?}"),
+            };
+            sem_count(key, parse(permits), parse(tasks), parse(sections), fill).await
         }
         ["sem-hold", key, permits, ttl_ms, wait_ms @ ..] => {
             let semaphore = semaphore(
@@ -168,9 +186,16 @@ async fn bookkeeping() -> Redis {
         .expect("bookkeeping connection")
 }
 
+/// The next line on stdin. One reader for the whole process: a reader made
+/// per call could buffer the line after its own and drop it with itself.
 async fn next_line() -> String {
+    static STDIN: std::sync::OnceLock<tokio::sync::Mutex<BufReader<tokio::io::Stdin>>> =
+        std::sync::OnceLock::new();
+    let stdin = STDIN.get_or_init(|| tokio::sync::Mutex::new(BufReader::new(tokio::io::stdin())));
     let mut line = String::new();
-    BufReader::new(tokio::io::stdin())
+    stdin
+        .lock()
+        .await
         .read_line(&mut line)
         .await
         .expect("stdin");
@@ -425,7 +450,9 @@ static FINISH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 
 /// The side effects go through a reconnecting connection and their errors
 /// are ignored: the tests cut and restart Redis under this body.
-#[distributed_lock(key = "<key>", ttl = "500ms", renew)]
+/// A 1 s ttl: renewed every ~333 ms, so a holder process held up ~330 ms on a
+/// loaded machine does not lose the lock (it did with 500 ms).
+#[distributed_lock(key = "<key>", ttl = "1s", renew)]
 async fn renewed_body(key: &str, counter: &str) -> Result<(), LockError> {
     let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
     let client = redis::Client::open(url).unwrap();
@@ -520,8 +547,19 @@ async fn quick_job_body(key: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-async fn quick_job(key: &str) {
-    match quick_job_body(key).await {
+#[distributed_lock(key = "<key>", ttl = "60s", hold_at_least = "30s")]
+async fn long_quick_job_body(key: &str) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+async fn quick_job(key: &str, long: bool) {
+    let outcome = if long {
+        long_quick_job_body(key).await
+    } else {
+        quick_job_body(key).await
+    };
+    match outcome {
         Ok(()) => say("ran"),
         Err(error) if error.is_busy() => say("busy"),
         Err(error) => say(&format!("error: {error}")),
@@ -633,11 +671,26 @@ async fn reader_script(redis: &mut Redis, key: &str, script: &str) -> i64 {
         .unwrap()
 }
 
-async fn read_section(redis: &mut Redis, key: &str) {
+/// Waits (up to 10 s) until the number at `key` is at least `target`.
+async fn reach(redis: &mut Redis, key: &str, target: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let reached: Option<i64> = redis.get(key).await.unwrap();
+        if reached.unwrap_or(0) >= target {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn read_section(redis: &mut Redis, key: &str, overlap: bool) {
     let writers = reader_script(redis, key, READER_IN).await;
     if writers != 0 {
         let what = format!("a reader entered beside {writers} writer(s)");
         violation(redis, key, what).await;
+    }
+    if overlap {
+        reach(redis, &format!("{key}:max-reader-procs"), 2).await;
     }
     tokio::time::sleep(Duration::from_millis(2)).await;
     let writers = reader_script(redis, key, READER_OUT).await;
@@ -670,7 +723,7 @@ async fn write_section(redis: &mut Redis, key: &str, hold: Duration) {
     let _: i64 = redis.decr(format!("{key}:writers-in"), 1).await.unwrap();
 }
 
-async fn rw_count(key: &str, mode: &str, tasks: usize, sections: usize) {
+async fn rw_count(key: &str, mode: &str, tasks: usize, sections: usize, overlap: bool) {
     let lock = rw_lock(key, 10_000, Some(60_000));
     let (side, write) = match mode {
         "read" => (lock.read(), false),
@@ -693,7 +746,7 @@ async fn rw_count(key: &str, mode: &str, tasks: usize, sections: usize) {
                     if write {
                         write_section(&mut redis, &key, Duration::ZERO).await;
                     } else {
-                        read_section(&mut redis, &key).await;
+                        read_section(&mut redis, &key, overlap).await;
                     }
                 };
                 side.run(section)
@@ -718,7 +771,7 @@ async fn rw_hammer(key: &str, tasks: usize) {
             let mut redis = bookkeeping().await;
             while !STOP.load(std::sync::atomic::Ordering::SeqCst) {
                 reader
-                    .run(read_section(&mut redis, &key))
+                    .run(read_section(&mut redis, &key, false))
                     .await
                     .expect("rw-hammer: section under the lock");
                 first.notify_one();
@@ -738,6 +791,14 @@ async fn rw_hammer(key: &str, tasks: usize) {
 async fn rw_write_timed(key: &str, wait_ms: u64) {
     let writer = rw_lock(key, 10_000, Some(wait_ms)).write();
     let mut redis = bookkeeping().await;
+    // The connection is open before the clock starts.
+    Lock::new(format!("{key}:warm"))
+        .try_acquire()
+        .await
+        .expect("rw-write-timed: warm-up")
+        .release()
+        .await
+        .expect("rw-write-timed: warm-up release");
     let started = std::time::Instant::now();
     let guard = match writer.acquire().await {
         Ok(guard) => guard,
@@ -808,7 +869,7 @@ if held > tonumber(redis.call('GET', KEYS[4]) or '0') then redis.call('SET', KEY
 return {v, held}
 ";
 
-async fn permit_section(redis: &mut Redis, key: &str, permits: i64) {
+async fn permit_section(redis: &mut Redis, key: &str, permits: i64, fill: bool) {
     let (inside, held): (i64, i64) = redis::Script::new(PERMIT_IN)
         .key(format!("{key}:inside"))
         .key(format!("{key}:max-inside"))
@@ -821,11 +882,14 @@ async fn permit_section(redis: &mut Redis, key: &str, permits: i64) {
         let what = format!("{inside} inside and {held} permits held, of {permits}");
         violation(redis, key, what).await;
     }
+    if fill {
+        reach(redis, &format!("{key}:max-inside"), permits).await;
+    }
     tokio::time::sleep(Duration::from_millis(2)).await;
     let _: i64 = redis.decr(format!("{key}:inside"), 1).await.unwrap();
 }
 
-async fn sem_count(key: &str, permits: u32, tasks: usize, sections: usize) {
+async fn sem_count(key: &str, permits: u32, tasks: usize, sections: usize, fill: bool) {
     let semaphore = semaphore(key, permits, 10_000, Some(60_000));
     let mut connections = Vec::new();
     for _ in 0..tasks {
@@ -839,7 +903,7 @@ async fn sem_count(key: &str, permits: u32, tasks: usize, sections: usize) {
         handles.push(tokio::spawn(async move {
             for _ in 0..sections {
                 semaphore
-                    .run(permit_section(&mut redis, &key, i64::from(permits)))
+                    .run(permit_section(&mut redis, &key, i64::from(permits), fill))
                     .await
                     .expect("sem-count: section holding a permit");
             }

@@ -165,7 +165,8 @@ impl RedisCluster {
                     );
                     RedisServer::start_tls_with(port, tls, &extra)
                 }
-                None => RedisServer::start_with(port, &extra),
+                // Fresh ports: another pair at once rather than patience.
+                None => RedisServer::launch(port, None, &extra),
             };
             match started {
                 Ok(server) => return Ok(server),

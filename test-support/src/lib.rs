@@ -103,7 +103,8 @@ impl RedisServer {
         // server's bind: try a few ports.
         for _ in 0..5 {
             let port = free_port()?;
-            match Self::start_on(port) {
+            // Another port at once rather than patience with this one.
+            match Self::launch(port, None, &[]) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -119,8 +120,25 @@ impl RedisServer {
 
     /// Starts a server on the given loopback port with extra configuration
     /// arguments (`--name value` pairs).
+    ///
+    /// A port given back (a server restarted on the port it had) can be
+    /// taken for a moment meanwhile, e.g. as the local port of a connection
+    /// or by another test's [`free_port`] probe: a server that exits at
+    /// start-up is started again, for up to [`RESTART_PATIENCE`].
     pub fn start_with(port: u16, extra: &[String]) -> io::Result<RedisServer> {
-        Self::launch(port, None, extra)
+        let deadline = Instant::now() + RESTART_PATIENCE;
+        loop {
+            match Self::launch(port, None, extra) {
+                // It could not bind (its message went to stderr): the port
+                // may be free again in a moment.
+                Err(error)
+                    if Instant::now() < deadline && error.to_string().contains(EXITED_AT_START) =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                result => return result,
+            }
+        }
     }
 
     /// Starts a server that serves TLS only (`--port 0`, `--tls-port` on a
@@ -285,7 +303,7 @@ impl RedisServer {
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Err(io::Error::other(format!(
-                    "redis-server on port {} exited at start-up ({status})",
+                    "redis-server on port {} {EXITED_AT_START} ({status})",
                     self.port
                 )));
             }
@@ -308,6 +326,12 @@ impl RedisServer {
         }
     }
 }
+
+/// How long [`RedisServer::start_with`] keeps trying a port that is taken.
+pub const RESTART_PATIENCE: Duration = Duration::from_secs(10);
+
+/// What the error of a server that exited at start-up says.
+const EXITED_AT_START: &str = "exited at start-up";
 
 /// The RDB file name of the server on `port` (in the temporary directory).
 fn dump_file_name(port: u16) -> String {

@@ -108,6 +108,47 @@ impl Process {
         self.signal(libc::SIGSTOP);
     }
 
+    /// Freezes the process (SIGSTOP) and waits (at most `timeout`) until
+    /// every one of its threads is stopped: `kill` only queues the signal,
+    /// and a thread running on another core can go on for a moment (and
+    /// send a request) after [`pause`](Self::pause) returned. Panics when
+    /// the threads do not all stop in time.
+    pub fn pause_fully(&self, timeout: Duration) {
+        self.pause();
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.is_stopped() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "`{}`: not every thread stopped within {timeout:?} of SIGSTOP",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether every thread of the process is stopped (state `T` in
+    /// `/proc/PID/task/*/stat`).
+    pub fn is_stopped(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
+            return false;
+        };
+        let mut any = false;
+        for task in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue; // the thread exited meanwhile
+            };
+            // `PID (COMM) STATE ...`: COMM may hold spaces and parentheses.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            if state != Some("T") {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
     /// Lets a paused process go on (SIGCONT).
     pub fn resume(&self) {
         self.signal(libc::SIGCONT);

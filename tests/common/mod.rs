@@ -30,6 +30,18 @@ pub fn value(reply: &str) -> Option<String> {
     }
 }
 
+/// Calls of `command` (lower case) Redis has run so far, those made by
+/// scripts included (`INFO commandstats`).
+pub fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = redis(server, &["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 /// Waits (bounded) until `condition` holds, checking every few milliseconds.
 /// For waiting on Redis-side state such as a key's expiry, which sends no
 /// signal.
