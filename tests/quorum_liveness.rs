@@ -28,6 +28,11 @@ const SECTIONS: usize = 15;
 /// still fails the split-vote livelock (13-60 s).
 const GAP_BOUND: Duration = Duration::from_secs(3);
 
+/// The longest call accepted with a minority down: 8 other waiters' sections
+/// (a few ms each) come before it at most once each; generous for a loaded
+/// machine.
+const CALL_BOUND: Duration = Duration::from_secs(10);
+
 /// The phases of one test are timed against each other: one test at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -37,6 +42,9 @@ struct Phase {
     span: Duration,
     /// The longest time between two consecutive sections' ends.
     longest_gap: Duration,
+    /// The longest call, its wait included (a waiter passed over again and
+    /// again would show here while the others go on).
+    longest_call: Duration,
 }
 
 impl Phase {
@@ -71,9 +79,16 @@ fn phase(url: &str, bookkeeping: &RedisServer, counter: &str) -> Phase {
     for worker in &mut workers {
         worker.send("go");
     }
+    let mut longest_call = Duration::ZERO;
     for worker in &mut workers {
-        // A stalled lock shows as a worker whose calls time out (5 s each).
-        assert_eq!(worker.line(LINE_TIMEOUT * 4), "done timeouts=0 errors=0|");
+        let longest = worker.line(LINE_TIMEOUT * 4);
+        let ms: u64 = longest
+            .strip_prefix("longest ")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("not a longest call: {longest}"));
+        longest_call = longest_call.max(Duration::from_millis(ms));
+        // A stalled lock shows as a worker whose calls time out (60 s each).
+        assert_eq!(worker.line(LINE_TIMEOUT), "done timeouts=0 errors=0|");
     }
     let total = PROCESSES * TASKS * SECTIONS;
     let counted = value(&redis(bookkeeping, &["GET", counter])).unwrap();
@@ -93,6 +108,7 @@ fn phase(url: &str, bookkeeping: &RedisServer, counter: &str) -> Phase {
     Phase {
         span: Duration::from_micros(ends[total - 1] - ends[0]),
         longest_gap: Duration::from_micros(longest),
+        longest_call,
     }
 }
 
@@ -125,17 +141,27 @@ fn contention_with_a_minority_down(size: usize, down: usize, fault: Fault) {
     }
     let ratio = degraded.rate() / all_up.rate();
     eprintln!(
-        "{down} of {size} {fault:?}: all up {:.0} sections/s (longest gap {:?}), degraded \
-         {:.0} sections/s (longest gap {:?}): {ratio:.2} x",
+        "{down} of {size} {fault:?}: all up {:.0} sections/s (longest gap {:?}, call {:?}), \
+         degraded {:.0} sections/s (longest gap {:?}, call {:?}): {ratio:.2} x",
         all_up.rate(),
         all_up.longest_gap,
+        all_up.longest_call,
         degraded.rate(),
         degraded.longest_gap,
+        degraded.longest_call,
     );
     assert!(
         degraded.longest_gap < GAP_BOUND,
         "{down} of {size} {fault:?}: no section for {:?}",
         degraded.longest_gap
+    );
+    // Waiters are served in the order they came (one line, the same on
+    // every node): a call waits for the sections of the others at most
+    // about once each. Passed over again and again, it would wait far more.
+    assert!(
+        degraded.longest_call < CALL_BOUND,
+        "{down} of {size} {fault:?}: a call took {:?}",
+        degraded.longest_call
     );
 }
 

@@ -11,11 +11,16 @@
 //! - `sections KEY TASKS SECTIONS COUNTER`: takes and releases a free lock
 //!   `KEY:warm:<pid>` (connections opened), prints `ready`, waits for `go`
 //!   on stdin, then TASKS tasks each call SECTIONS times a body under
-//!   `#[distributed_lock(ttl = "10s", wait = "5s", renew)]` (the issue-24
-//!   scenario) that does a non-atomic GET / +1 / SET of COUNTER and appends
-//!   the bookkeeping server's clock (µs) to `COUNTER:ends`. Prints `done
-//!   timeouts=T errors=E` (E: calls that failed otherwise, the first one's
-//!   message after `|`).
+//!   `#[distributed_lock(ttl = "10s", wait = "60s", renew)]` (the issue-24
+//!   scenario; a wait that runs out means a stall, not a busy lock) that does a non-atomic GET / +1 / SET of COUNTER and appends
+//!   the bookkeeping server's clock (µs) to `COUNTER:ends`. Prints `longest
+//!   MS` (the longest call, its wait included), then `done timeouts=T
+//!   errors=E` (E: calls that failed otherwise, the first one's message
+//!   after `|`).
+//! - `count-until-stop KEY TASKS COUNTER TTL_MS`: TASKS tasks run the
+//!   sections of `count` (fenced, and renewed, with ttl TTL_MS) until
+//!   `stop` arrives on stdin; prints `ready` once started, then `done N` (N
+//!   sections ran) or `failed N: ERROR`.
 //! - `lottery DATE INSTANCES`: prints `ready`, waits for `go` on stdin, then
 //!   calls the lottery job once; prints `won` or `skipped`.
 //! - `hold KEY TTL_MS`: takes the lock with the manual API, prints
@@ -107,6 +112,9 @@ async fn main() {
                 Section::from_flag(rest.first().copied()),
             )
             .await
+        }
+        ["count-until-stop", key, tasks, counter, ttl_ms] => {
+            count_until_stop(key, parse(tasks), counter, parse(ttl_ms)).await
         }
         ["count-spread", prefix, keys, tasks, sections] => {
             count_spread(prefix, parse(keys), parse(tasks), parse(sections)).await
@@ -295,7 +303,7 @@ async fn count(key: &str, tasks: usize, sections: usize, counter: &str, section:
     say("done");
 }
 
-#[distributed_lock(key = "<key>", ttl = "10s", wait = "5s", renew)]
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "60s", renew)]
 async fn renewed_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
     increment(redis, counter).await;
     let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(redis).await.unwrap();
@@ -323,27 +331,79 @@ async fn timed_sections(key: &str, tasks: usize, sections: usize, counter: &str)
         handles.push(tokio::spawn(async move {
             let mut redis = bookkeeping().await;
             let (mut timeouts, mut errors) = (0, Vec::new());
+            let mut longest = Duration::ZERO;
             for _ in 0..sections {
+                let called = std::time::Instant::now();
                 match renewed_section(&key, &mut redis, &counter).await {
                     Ok(()) => {}
                     Err(LockError::WaitTimeout { .. }) => timeouts += 1,
                     Err(error) => errors.push(error.to_string()),
                 }
+                longest = longest.max(called.elapsed());
             }
-            (timeouts, errors)
+            (timeouts, errors, longest)
         }));
     }
-    let (mut timeouts, mut errors) = (0, Vec::new());
+    let (mut timeouts, mut errors, mut longest) = (0, Vec::new(), Duration::ZERO);
     for handle in handles {
-        let (task_timeouts, task_errors) = handle.await.unwrap();
+        let (task_timeouts, task_errors, task_longest) = handle.await.unwrap();
         timeouts += task_timeouts;
         errors.extend(task_errors);
+        longest = longest.max(task_longest);
     }
+    // The longest call on its own line, before the verdict.
+    say(&format!("longest {}", longest.as_millis()));
     let first = errors.first().cloned().unwrap_or_default();
     say(&format!(
         "done timeouts={timeouts} errors={}|{first}",
         errors.len()
     ));
+}
+
+/// TASKS tasks run fenced, renewed sections (`fenced_increment`) under the
+/// lock KEY with ttl TTL_MS (waiting up to 60 s) until `stop` arrives on
+/// stdin; then each finishes its section and the process prints `done N`
+/// (the sections run) or `failed N: ERROR` (the first failed call).
+async fn count_until_stop(key: &str, tasks: usize, counter: &str, ttl_ms: u64) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (key, counter, stop) = (key.to_owned(), counter.to_owned(), Arc::clone(&stop));
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            let lock = Lock::new(key)
+                .ttl(Duration::from_millis(ttl_ms))
+                .wait(Duration::from_secs(60))
+                .fencing()
+                .renew();
+            let (mut ran, mut failed) = (0usize, None);
+            while !stop.load(Ordering::Relaxed) {
+                match lock.run(fenced_increment(&mut redis, &counter)).await {
+                    Ok(()) => ran += 1,
+                    Err(error) => {
+                        failed = Some(error.to_string());
+                        break;
+                    }
+                }
+            }
+            (ran, failed)
+        }));
+    }
+    say("ready");
+    assert_eq!(next_line().await, "stop");
+    stop.store(true, Ordering::Relaxed);
+    let (mut ran, mut failed) = (0, None);
+    for handle in handles {
+        let (task_ran, task_failed) = handle.await.unwrap();
+        ran += task_ran;
+        failed = failed.or(task_failed);
+    }
+    match failed {
+        None => say(&format!("done {ran}")),
+        Some(error) => say(&format!("failed {ran}: {error}")),
+    }
 }
 
 /// `count` on `keys` locks `<prefix>:<k>` at once (spread over a cluster's

@@ -110,15 +110,27 @@ pub fn quorum_url(nodes: &[RedisServer]) -> String {
     format!("redis-quorum://{}", hosts.join(","))
 }
 
-/// A client of the quorum of `nodes`, with short timeouts.
+/// A client of the quorum of `nodes`, with 1 s connect and response
+/// timeouts (a stopped node is not waited for by the calls that a majority
+/// decides; a live node on a loaded machine has time to answer).
 pub fn quorum_client(nodes: &[RedisServer]) -> lock_runtime::Client {
     use lock_runtime::{Client, Config};
     Client::new(
         Config::new(quorum_url(nodes))
-            .connect_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_millis(300)),
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
     )
     .unwrap()
+}
+
+/// [`quorum_client`] with its connection to every node open (read once from
+/// each node): a call it makes reaches every node, even one whose answer is
+/// not waited for (its connection is not still being made when the call
+/// settles on a majority).
+pub async fn ready_quorum_client(nodes: &[RedisServer]) -> lock_runtime::Client {
+    let client = quorum_client(nodes);
+    client.lock_info("ready").await.expect("every node answers");
+    client
 }
 
 /// A task of `client` waiting up to `wait` for the lock `name`.

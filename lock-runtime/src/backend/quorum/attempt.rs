@@ -185,8 +185,10 @@ impl QuorumBackend {
                     } else {
                         (2, DOWN_NODE_PATIENCE)
                     };
+                    // Never past a node's own timeout (for a node not heard
+                    // from yet, at least the new-node patience).
                     let patience = (started.elapsed() * factor).max(least);
-                    cutoff = Some(Instant::now() + patience.min(timeout));
+                    cutoff = Some(Instant::now() + patience.min(full));
                 }
             }
             let next = match cutoff {

@@ -47,9 +47,11 @@ use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewI
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
-/// How long nodes that failed their last call are waited for, at least,
-/// by a renewal that only they could still decide for some lock.
+/// How long the nodes yet to answer a renewal are waited for, at least, once
+/// a majority answered and only they could still decide some lock: nodes
+/// that failed their last call, and the others.
 const DOWN_PATIENCE: Duration = Duration::from_millis(10);
+const UP_PATIENCE: Duration = Duration::from_millis(50);
 
 pub(crate) struct QuorumBackend {
     nodes: Arc<Nodes>,
@@ -329,7 +331,13 @@ impl Backend for QuorumBackend {
                 let next = match cutoff {
                     Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
                         Ok(next) => next,
-                        Err(_) => break,
+                        Err(_) => {
+                            // Not waited for again until they answer.
+                            for node in (0..nodes).filter(|&node| !heard[node]) {
+                                self.nodes[node].saw(Some(false));
+                            }
+                            break;
+                        }
                     },
                     None => pending.next().await,
                 };
@@ -356,9 +364,20 @@ impl Backend for QuorumBackend {
                 if decided || silent == 0 {
                     break;
                 }
-                let only_down = (0..nodes).all(|node| heard[node] || self.nodes[node].is_down());
-                if cutoff.is_none() && only_down {
-                    cutoff = Some(Instant::now() + (started.elapsed() * 2).max(DOWN_PATIENCE));
+                // Once a majority answered, the undecided locks wait for the
+                // others only briefly (a node that failed its last call
+                // more briefly still): such a lock is tried again alone,
+                // and the decided ones' new validity must not wait for a
+                // stopped node's call deadline.
+                if cutoff.is_none() && nodes - silent >= quorum {
+                    let only_down =
+                        (0..nodes).all(|node| heard[node] || self.nodes[node].is_down());
+                    let patience = if only_down {
+                        (started.elapsed() * 2).max(DOWN_PATIENCE)
+                    } else {
+                        (started.elapsed() * 4).max(UP_PATIENCE)
+                    };
+                    cutoff = Some(Instant::now() + patience);
                 }
             }
             let mut found = Vec::with_capacity(items.len());
