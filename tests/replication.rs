@@ -159,19 +159,21 @@ fn renewed_since(guard: &lock_runtime::LockGuard, since: Instant) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_replicas_do_not_confirm_counts_as_failed_until_the_lock_is_lost() {
     let (primary, replica) = primary_with_replica();
+    // Renewed every second, each renewal confirmed within 1 s (in
+    // milliseconds, but for a loaded machine), tried again every 150 ms.
     let client = Client::new(
         Config::new(primary.url())
-            .response_timeout(Duration::from_secs(2))
-            .acknowledged(1, Duration::from_millis(500)),
+            .response_timeout(Duration::from_secs(3))
+            .acknowledged(1, Duration::from_secs(1)),
     )
     .unwrap();
-    let guard = Lock::new("renewed")
-        .ttl(Duration::from_secs(2))
-        .renew()
-        .client(client.clone())
-        .try_acquire()
-        .await
-        .unwrap();
+    let guard = confirmed(
+        &Lock::new("renewed")
+            .ttl(Duration::from_secs(3))
+            .renew()
+            .client(client.clone()),
+    )
+    .await;
     // Renewed, confirmed.
     let taken = Instant::now();
     wait_until_async("a renewal is confirmed", LINE_TIMEOUT, || {
