@@ -187,7 +187,12 @@ async fn a_manual_failover_keeps_every_lock_and_wakes_waiters() {
         .iter()
         .map(|(name, guard)| (name.as_str(), guard))
         .collect();
-    wait_for_renewals("every lock is renewed after the failover", &held, failed_over).await;
+    wait_for_renewals(
+        "every lock is renewed after the failover",
+        &held,
+        failed_over,
+    )
+    .await;
     for (name, guard) in &guards {
         let held = get(&cluster, &format!("lock:{{{name}}}"));
         // The holder's token (then a wake mark if a waiter is queued).
@@ -210,9 +215,11 @@ async fn a_manual_failover_keeps_every_lock_and_wakes_waiters() {
     // The waiter's client listens on its channel in the slot's shard: on
     // the new primary, or still on the old one (a replica now, which gets
     // the shard's messages too) if it did not unsubscribe it.
-    wait_until_async("the waiter's client listens in the shard", LINE_TIMEOUT, || {
-        shard_numsub(replica, &channel) + shard_numsub(primary, &channel) >= 1
-    })
+    wait_until_async(
+        "the waiter's client listens in the shard",
+        LINE_TIMEOUT,
+        || shard_numsub(replica, &channel) + shard_numsub(primary, &channel) >= 1,
+    )
     .await;
     let mut guards = guards.into_iter();
     let (_, first) = guards.next().unwrap();
@@ -319,7 +326,12 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
         .iter()
         .map(|(name, guard)| (name.as_str(), guard))
         .collect();
-    wait_for_renewals("the kept locks are renewed after the failover", &held, failed_over).await;
+    wait_for_renewals(
+        "the kept locks are renewed after the failover",
+        &held,
+        failed_over,
+    )
+    .await;
     for (name, guard) in &kept {
         let held = get(&cluster, &format!("lock:{{{name}}}"));
         // The holder's token (then a wake mark if a waiter is queued).
@@ -878,7 +890,11 @@ async fn a_stalled_primary_does_not_lose_the_locks_on_the_other_primaries() {
         && !(renewed_since(&kept, since)
             && client.renewal_stats().failed_round_trips > before.failed_round_trips)
     {
-        assert!(Instant::now() < deadline, "timed out: {:?}", client.renewal_stats());
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {:?}",
+            client.renewal_stats()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let held = kept.is_held();
