@@ -80,7 +80,14 @@ async fn list_finds_the_locks_of_every_primary() {
         test_support::command(port, &["ZCARD", &waiters_key]).unwrap() == ":1\r\n"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its client listens on its channel before the release.
+    let queue = format!("lock:{{{name}}}:queue");
+    let channel =
+        queued_channel(&test_support::command(port, &["LRANGE", &queue, "0", "-1"]).unwrap());
+    wait_until("the waiter's client listens", || {
+        numsub(&test_support::command(port, &["PUBSUB", "SHARDNUMSUB", &channel]).unwrap()) == 1
+    })
+    .await;
     let show = lockctl(&url, &["show", name], "").await;
     assert!(show.stdout.contains("waiters:  1"), "{show:?}");
     let release = lockctl(&url, &["release", name, "--force", "--yes"], "").await;
