@@ -304,42 +304,47 @@ async fn secrets_never_appear_over_tls() {
     }
 }
 
-/// Has the quorum client open its connections (over TLS: a handshake each)
-/// with calls that may fail, until one is held on every node of `up`: a
-/// fresh client's first call waits for the nodes it has not heard from yet
-/// only 10 ms once only they can make the majority (lock-runtime's
-/// `DOWN_NODE_PATIENCE`, "or none yet"), which new connections on a loaded
-/// machine miss ("no majority of the quorum answered"). Then those nodes
-/// have answered this client and count as up.
+/// Has the quorum client open its connections (over TLS: a handshake each) with calls that may
+/// fail, until one is held on every node of `up`: a fresh client's first
+/// call waits for the nodes it has not heard from yet only 10 ms once only
+/// they can make the majority (lock-runtime's `DOWN_NODE_PATIENCE`, "or
+/// none yet"), which new connections on a loaded machine miss ("no majority
+/// of the quorum answered"). Then those nodes have answered this client and
+/// count as up.
 async fn open_connections(client: &Client, up: &[RedisServer]) {
+    let held = |node: &RedisServer| redis(node, &["EXISTS", "lock:{warm-up}"]) == ":1\r\n";
     let deadline = std::time::Instant::now() + LINE_TIMEOUT;
     loop {
         assert!(
             std::time::Instant::now() < deadline,
             "the quorum client never had its call answered by every node that is up"
         );
-        let Ok(guard) = Lock::new("warm-up")
-            .client(client.clone())
-            .try_acquire()
-            .await
-        else {
-            continue;
-        };
-        // The nodes beyond the majority get a short grace: a call of theirs
-        // may land a little after.
-        let answered = std::time::Instant::now() + Duration::from_secs(1);
-        let everywhere = loop {
-            let held = up
-                .iter()
-                .all(|node| redis(node, &["EXISTS", "lock:{warm-up}"]) == ":1\r\n");
-            if held || std::time::Instant::now() > answered {
-                break held;
+        // A 5 s ttl: each node gets 500 ms to answer an acquisition.
+        let lock = Lock::new("warm-up")
+            .ttl(Duration::from_secs(5))
+            .client(client.clone());
+        if let Ok(guard) = lock.try_acquire().await {
+            // The nodes beyond the majority get a short grace: a call of
+            // theirs may land a little after.
+            let answered = std::time::Instant::now() + Duration::from_secs(1);
+            let everywhere = loop {
+                let everywhere = up.iter().all(held);
+                if everywhere || std::time::Instant::now() > answered {
+                    break everywhere;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            guard.release().await.unwrap();
+            if everywhere {
+                return;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
-        guard.release().await.unwrap();
-        if everywhere {
-            return;
         }
+        // A failed attempt is given back on the nodes that granted it in
+        // the background: tried again once it is (a try at once would find
+        // the last one's grant on one node and get only the other's).
+        wait_until_async("the warm-up is given back", LINE_TIMEOUT, || {
+            !up.iter().any(held)
+        })
+        .await;
     }
 }
