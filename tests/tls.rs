@@ -12,26 +12,58 @@ use std::time::{Duration, Instant};
 use lock_runtime::{Client, Config, Lock, LockError};
 use test_support::{AuthClients, Ca, RedisCluster, TlsOptions};
 
-/// A rejected handshake is not retried: far below the 2 s deadline of a
-/// call and the wait given to the waiting acquire below.
-const PROMPT: Duration = Duration::from_millis(1500);
+/// A rejected handshake is not retried: it fails within this, far below
+/// the 10 s deadline of a call (connect 5 s + response 5 s) and the 20 s
+/// wait of the waiting acquire below, which a retried one would reach.
+const PROMPT: Duration = Duration::from_secs(4);
 
 /// A client of `url` trusting `ca`.
 fn trusting(url: String, ca: &Ca) -> Client {
     Client::new(Config::new(url).tls_root_certificates(ca.certificate_pem())).unwrap()
 }
 
-/// The channels subscribed on `server` whose names start with `prefix`
-/// (`PUBSUB CHANNELS` or, with `sharded`, `PUBSUB SHARDCHANNELS`).
-fn channels(server: &RedisServer, sharded: bool, prefix: &str) -> String {
-    let which = if sharded { "SHARDCHANNELS" } else { "CHANNELS" };
-    redis(server, &["PUBSUB", which, &format!("{prefix}*")])
+/// The channel of the one waiter queued in `queue` on `server` (its entry
+/// is `<channel>|<token>`): where a release tells it.
+fn queued_channel(server: &RedisServer, queue: &str) -> String {
+    let reply = redis(server, &["LRANGE", queue, "0", "-1"]);
+    let entries: Vec<&str> = reply
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+        .collect();
+    assert_eq!(entries.len(), 1, "one waiter in {queue}: {reply:?}");
+    let (channel, _token) = entries[0].rsplit_once('|').expect("<channel>|<token>");
+    channel.to_owned()
+}
+
+/// Subscribers of `channel` on `server` (`PUBSUB NUMSUB` or, with
+/// `sharded`, `PUBSUB SHARDNUMSUB`).
+fn numsub(server: &RedisServer, sharded: bool, channel: &str) -> u64 {
+    let which = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
+    let reply = redis(server, &["PUBSUB", which, channel]);
+    let count = reply.rsplit(':').next().unwrap_or_default();
+    count.trim().parse().unwrap_or_else(|_| panic!("{reply:?}"))
+}
+
+/// Waits (bounded) until the one waiter queued for the lock `name` on
+/// `server` is listened for on its channel there, over TLS (the server has
+/// no other port): the release's message reaches its client.
+async fn wait_until_listened_for(server: &RedisServer, sharded: bool, name: &str) {
+    let queue = format!("lock:{{{name}}}:queue");
+    wait_until_async("the waiter queues", LINE_TIMEOUT, || {
+        redis(server, &["LLEN", &queue]) == ":1\r\n"
+    })
+    .await;
+    let channel = queued_channel(server, &queue);
+    wait_until_async("the waiter's client listens", LINE_TIMEOUT, || {
+        numsub(server, sharded, &channel) == 1
+    })
+    .await;
 }
 
 /// `rediss://` with the private CA trusted: a lock is acquired and
 /// released, and a waiter of another client is woken by the release's
 /// message (its pub/sub connection is a TLS connection too: the server
-/// has no other port).
+/// has no other port), long before the holder's ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_and_a_woken_waiter_over_tls() {
     let ca = Ca::new("lock-tests CA");
@@ -49,17 +81,13 @@ async fn a_lock_and_a_woken_waiter_over_tls() {
         Some("1")
     );
     let waiter = spawn_waiter(&other, "tls", Duration::from_secs(20));
-    wait_until_async("the waiter listens for the release", LINE_TIMEOUT, || {
-        redis(&server, &["LLEN", "lock:{tls}:queue"]) == ":1\r\n"
-            && channels(&server, false, "lock-waiters:").starts_with("*1\r\n")
-    })
-    .await;
+    wait_until_listened_for(&server, false, "tls").await;
     let released = Instant::now();
     guard.release().await.unwrap();
     let guard = waited(waiter).await;
     assert!(
-        released.elapsed() < Duration::from_secs(5),
-        "the waiter took {:?}",
+        released.elapsed() < Duration::from_secs(10),
+        "the waiter took {:?} (the holder's ttl is 30 s)",
         released.elapsed()
     );
     guard.release().await.unwrap();
@@ -70,12 +98,15 @@ async fn a_lock_and_a_woken_waiter_over_tls() {
 /// error (not Busy, not a timeout blamed on a holder), promptly, also for
 /// a waiting acquire (a rejected certificate is not retried).
 async fn rejected(config: Config) -> Vec<String> {
+    let config = config
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5));
     let client = Client::new(config).unwrap();
     let mut messages = Vec::new();
     for lock in [
         Lock::new("rejected").client(client.clone()),
         Lock::new("rejected")
-            .wait(Duration::from_secs(5))
+            .wait(Duration::from_secs(20))
             .client(client.clone()),
     ] {
         let started = Instant::now();
@@ -180,10 +211,7 @@ async fn mutual_tls() {
         .await
         .unwrap();
     let waiter = spawn_waiter(&other, "mutual", Duration::from_secs(20));
-    wait_until_async("the waiter listens for the release", LINE_TIMEOUT, || {
-        channels(&server, false, "lock-waiters:").starts_with("*1\r\n")
-    })
-    .await;
+    wait_until_listened_for(&server, false, "mutual").await;
     guard.release().await.unwrap();
     waited(waiter).await.release().await.unwrap();
 }
@@ -281,11 +309,7 @@ async fn a_cluster_over_tls() {
         if used.insert(port) {
             // A waiter, woken by a message on the slot's primary.
             let waiter = spawn_waiter(&other, &name, Duration::from_secs(20));
-            let node = cluster.node(port).unwrap();
-            wait_until_async("the waiter listens for the release", LINE_TIMEOUT, || {
-                channels(node, true, "lock-waiters:").starts_with("*1\r\n")
-            })
-            .await;
+            wait_until_listened_for(cluster.node(port).unwrap(), true, &name).await;
             guard.release().await.unwrap();
             waited(waiter).await.release().await.unwrap();
         } else {
@@ -312,14 +336,66 @@ async fn a_quorum_over_tls() {
             .tls_root_certificates(ca.certificate_pem()),
     )
     .unwrap();
+    open_connections(&client, &nodes).await;
     let guard = Lock::new("tls-quorum")
         .fencing()
         .client(client)
         .try_acquire()
         .await
         .unwrap();
+    // Held on a majority; the third node's call, sent on its open
+    // connection, lands too (it may come after the acquisition returned).
     for node in &nodes {
-        assert_eq!(redis(node, &["EXISTS", "lock:{tls-quorum}"]), ":1\r\n");
+        wait_until_async("every node holds the lock", LINE_TIMEOUT, || {
+            redis(node, &["EXISTS", "lock:{tls-quorum}"]) == ":1\r\n"
+        })
+        .await;
     }
     guard.release().await.unwrap();
+}
+
+/// Has the quorum client open its connections (over TLS here: a handshake
+/// each) with calls that may
+/// fail, until one is held on every node of `up`: a fresh client's first
+/// call waits for the nodes it has not heard from yet only 10 ms once only
+/// they can make the majority (lock-runtime's `DOWN_NODE_PATIENCE`, "or
+/// none yet"), which new connections on a loaded machine miss ("no majority
+/// of the quorum answered"). Then those nodes have answered this client and
+/// count as up.
+async fn open_connections(client: &Client, up: &[RedisServer]) {
+    let held = |node: &RedisServer| redis(node, &["EXISTS", "lock:{warm-up}"]) == ":1\r\n";
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the quorum client never had its call answered by every node that is up"
+        );
+        // A 5 s ttl: each node gets 500 ms to answer an acquisition.
+        let lock = Lock::new("warm-up")
+            .ttl(Duration::from_secs(5))
+            .client(client.clone());
+        if let Ok(guard) = lock.try_acquire().await {
+            // The nodes beyond the majority get a short grace: a call of
+            // theirs may land a little after.
+            let answered = Instant::now() + Duration::from_secs(1);
+            let everywhere = loop {
+                let everywhere = up.iter().all(held);
+                if everywhere || Instant::now() > answered {
+                    break everywhere;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            guard.release().await.unwrap();
+            if everywhere {
+                return;
+            }
+        }
+        // A failed attempt is given back on the nodes that granted it in
+        // the background: tried again once it is (a try at once would find
+        // the last one's grant on one node and get only the other's).
+        wait_until_async("the warm-up is given back", LINE_TIMEOUT, || {
+            !up.iter().any(held)
+        })
+        .await;
+    }
 }

@@ -132,12 +132,15 @@ async fn secrets_never_appear_over_tls() {
         assert_eq!(redis(&server, &rule), "+OK\r\n");
         server
     };
+    // Generous timeouts for a loaded machine (each TLS connection checks a
+    // client certificate): the failures below are refusals, which are
+    // immediate.
     let config = |url: String| {
         Config::new(url)
             .tls_root_certificates(ca.certificate_pem())
             .tls_client_certificate(me.certificate_pem.clone(), me.key_pem.clone())
-            .connect_timeout(Duration::from_millis(300))
-            .response_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
     };
     let with_password = |server: &RedisServer, password: &str| {
         format!("rediss://app:{password}@127.0.0.1:{}/", server.port())
@@ -154,15 +157,24 @@ async fn secrets_never_appear_over_tls() {
         format!("{client:?}"),
     ]);
     let guard = Lock::new("secret")
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(3))
         .renew()
         .client(client.clone())
         .try_acquire()
         .await
         .unwrap();
+    let taken = std::time::Instant::now();
     let waiter = spawn_waiter(&other, "secret", Duration::from_secs(20));
     wait_until_async("the waiter queued", LINE_TIMEOUT, || {
         redis(&server, &["LLEN", "lock:{secret}:queue"]) == ":1\r\n"
+    })
+    .await;
+    // Renewed: a renewal sent after it was taken is confirmed (its validity
+    // reaches past `taken + ttl`, less the 1 % + 2 ms drift margin).
+    wait_until_async("the lock is renewed", LINE_TIMEOUT, || {
+        assert!(guard.is_held(), "lost: {:?}", guard.lost_cause());
+        let margin = guard.ttl() / 100 + Duration::from_millis(2);
+        std::time::Instant::now() + guard.remaining() >= taken + guard.ttl() - margin
     })
     .await;
     guard.release().await.unwrap();
@@ -193,14 +205,31 @@ async fn secrets_never_appear_over_tls() {
     shown.extend([format!("{error}"), format!("{error:?}")]);
 
     // The server dies under a renewed lock: renewals fail (logged), the
-    // release fails.
-    let guard = Lock::new("secret")
-        .ttl(Duration::from_millis(300))
+    // release fails. Each fails at its call's deadline (a refused
+    // reconnection is tried again until then): a client of short timeouts,
+    // whose acquisition is tried again if its new connection (a TLS
+    // handshake) misses them on a loaded machine.
+    drop(client);
+    let dying = Client::new(
+        config(with_password(&server, PASSWORD))
+            .connect_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
+    let lock = Lock::new("secret")
+        .ttl(Duration::from_secs(3))
         .renew()
-        .client(client)
-        .try_acquire()
-        .await
-        .unwrap();
+        .client(dying);
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    let guard = loop {
+        match lock.try_acquire().await {
+            Ok(guard) => break guard,
+            Err(error) => {
+                assert!(std::time::Instant::now() < deadline, "{error:?}");
+                shown.extend([format!("{error}"), format!("{error:?}")]);
+            }
+        }
+    };
     server.kill();
     wait_until_async("a failed renewal is logged", LINE_TIMEOUT, || {
         captured
@@ -224,7 +253,9 @@ async fn secrets_never_appear_over_tls() {
         hosts.join(",")
     ));
     shown.extend([format!("{quorum:?}"), quorum.redacted_url()]);
-    let lock = Lock::new("secret-quorum").client(Client::new(quorum).unwrap());
+    let quorum = Client::new(quorum).unwrap();
+    open_connections(&quorum, &nodes[..2]).await;
+    let lock = Lock::new("secret-quorum").client(quorum);
     lock.try_acquire().await.unwrap().release().await.unwrap();
     // Logged, by the release's background task if not before it returned
     // (a release settles on a majority).
@@ -270,5 +301,50 @@ async fn secrets_never_appear_over_tls() {
         for secret in &secrets {
             assert!(!line.contains(secret.as_str()), "a secret in: {line}");
         }
+    }
+}
+
+/// Has the quorum client open its connections (over TLS: a handshake each) with calls that may
+/// fail, until one is held on every node of `up`: a fresh client's first
+/// call waits for the nodes it has not heard from yet only 10 ms once only
+/// they can make the majority (lock-runtime's `DOWN_NODE_PATIENCE`, "or
+/// none yet"), which new connections on a loaded machine miss ("no majority
+/// of the quorum answered"). Then those nodes have answered this client and
+/// count as up.
+async fn open_connections(client: &Client, up: &[RedisServer]) {
+    let held = |node: &RedisServer| redis(node, &["EXISTS", "lock:{warm-up}"]) == ":1\r\n";
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the quorum client never had its call answered by every node that is up"
+        );
+        // A 5 s ttl: each node gets 500 ms to answer an acquisition.
+        let lock = Lock::new("warm-up")
+            .ttl(Duration::from_secs(5))
+            .client(client.clone());
+        if let Ok(guard) = lock.try_acquire().await {
+            // The nodes beyond the majority get a short grace: a call of
+            // theirs may land a little after.
+            let answered = std::time::Instant::now() + Duration::from_secs(1);
+            let everywhere = loop {
+                let everywhere = up.iter().all(held);
+                if everywhere || std::time::Instant::now() > answered {
+                    break everywhere;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            guard.release().await.unwrap();
+            if everywhere {
+                return;
+            }
+        }
+        // A failed attempt is given back on the nodes that granted it in
+        // the background: tried again once it is (a try at once would find
+        // the last one's grant on one node and get only the other's).
+        wait_until_async("the warm-up is given back", LINE_TIMEOUT, || {
+            !up.iter().any(held)
+        })
+        .await;
     }
 }

@@ -80,7 +80,14 @@ async fn list_finds_the_locks_of_every_primary() {
         test_support::command(port, &["ZCARD", &waiters_key]).unwrap() == ":1\r\n"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its client listens on its channel before the release.
+    let queue = format!("lock:{{{name}}}:queue");
+    let channel =
+        queued_channel(&test_support::command(port, &["LRANGE", &queue, "0", "-1"]).unwrap());
+    wait_until("the waiter's client listens", || {
+        numsub(&test_support::command(port, &["PUBSUB", "SHARDNUMSUB", &channel]).unwrap()) == 1
+    })
+    .await;
     let show = lockctl(&url, &["show", name], "").await;
     assert!(show.stdout.contains("waiters:  1"), "{show:?}");
     let release = lockctl(&url, &["release", name, "--force", "--yes"], "").await;
@@ -111,6 +118,7 @@ async fn a_quorum_lists_one_row_per_lock_and_releases_by_majority() {
         .collect();
     let url = format!("redis-quorum://{}", hosts.join(","));
     let holder = Client::new(Config::new(url.as_str())).unwrap();
+    open_connections(&holder, &nodes).await;
     let guard = Lock::new("ledger")
         .ttl(Duration::from_secs(60))
         .fencing()
@@ -118,6 +126,16 @@ async fn a_quorum_lists_one_row_per_lock_and_releases_by_majority() {
         .try_acquire()
         .await
         .unwrap();
+    // Held on a majority; the third node's grant, sent on its open
+    // connection, may land after the acquisition returned.
+    wait_until("every node holds the lock", || {
+        nodes.iter().all(|node| {
+            node.command(&["GET", "lock:{ledger}"])
+                .unwrap()
+                .contains(guard.token())
+        })
+    })
+    .await;
     // A stray token on one node only (an attempt being given back): not a
     // holder.
     let stray = "ffffffffffffffffffffffffffffffff|qdeadbeef";
@@ -162,4 +180,47 @@ async fn a_quorum_lists_one_row_per_lock_and_releases_by_majority() {
         );
     }
     assert!(guard.release().await.unwrap_err().is_lost());
+}
+
+/// Has the quorum client open its connections with calls that may fail,
+/// until one is held on every node: a fresh client's first call waits for
+/// the nodes it has not heard from yet only 10 ms once only they can make
+/// the majority (lock-runtime's `DOWN_NODE_PATIENCE`, "or none yet"),
+/// which new connections on a loaded machine miss ("no majority of the
+/// quorum answered"). Then every node has answered this client and counts
+/// as up.
+async fn open_connections(client: &Client, nodes: &[RedisServer]) {
+    let held =
+        |node: &RedisServer| node.command(&["EXISTS", "lock:{warm-up}"]).unwrap() == ":1\r\n";
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the quorum client never had its call answered by every node"
+        );
+        // A 5 s ttl: each node gets 500 ms to answer an acquisition.
+        let lock = Lock::new("warm-up")
+            .ttl(Duration::from_secs(5))
+            .client(client.clone());
+        if let Ok(guard) = lock.try_acquire().await {
+            // The nodes beyond the majority get a short grace: a call of
+            // theirs may land a little after.
+            let answered = std::time::Instant::now() + Duration::from_secs(1);
+            let everywhere = loop {
+                let everywhere = nodes.iter().all(held);
+                if everywhere || std::time::Instant::now() > answered {
+                    break everywhere;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            guard.release().await.unwrap();
+            if everywhere {
+                return;
+            }
+        }
+        // A failed attempt is given back on the nodes that granted it in
+        // the background: tried again once it is (a try at once would find
+        // the last one's grant on one node and get only the others').
+        wait_until("the warm-up is given back", || !nodes.iter().any(held)).await;
+    }
 }

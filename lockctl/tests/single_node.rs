@@ -115,9 +115,16 @@ async fn a_forced_release_frees_the_lock_and_wakes_the_waiter() {
         zcard(&server, "lock:{stuck}:waiters") == ":1\r\n"
     })
     .await;
-    // The waiter's client listens before the release (its second attempt,
-    // the one that queued it, follows its subscription).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The waiter's client listens on its channel before the release.
+    let channel = queued_channel(
+        &server
+            .command(&["LRANGE", "lock:{stuck}:queue", "0", "-1"])
+            .unwrap(),
+    );
+    wait_until("the waiter's client listens", || {
+        numsub(&server.command(&["PUBSUB", "NUMSUB", &channel]).unwrap()) == 1
+    })
+    .await;
 
     let started = Instant::now();
     let release = lockctl(&url, &["release", "stuck", "--force", "--yes"], "").await;

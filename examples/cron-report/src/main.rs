@@ -15,7 +15,10 @@
 //! holds nothing up for the next one).
 //!
 //! The body records the run in Redis (`RPUSH runs:<tick> <instance>`) and
-//! prints `ran <tick>`. Run a few instances against one Redis:
+//! prints `ran <tick>`. Each firing prints `fired <tick>` when the scheduler
+//! fires (its tick: the second it fires in, which a late scheduler may
+//! make the next one) and `done <tick>` once `report` returned, whether it
+//! ran or skipped. Run a few instances against one Redis:
 //!
 //! ```sh
 //! export REDIS_URL=redis://127.0.0.1:6379/
@@ -23,7 +26,8 @@
 //! redis-cli lrange runs:$(( $(date +%s) - 1 )) 0 -1   # one instance name per tick
 //! ```
 //!
-//! `tests/three_instances.rs` checks that each tick ran exactly once.
+//! `tests/three_instances.rs` checks that each tick ran exactly once, in an
+//! instance that fired for it.
 
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -82,7 +86,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let scheduler = JobScheduler::new().await?;
     scheduler
         .add(Job::new_async("* * * * * *", |_, _| {
-            Box::pin(report(unix_second()))
+            // Printed in firing order (before the job's task starts).
+            let tick = unix_second();
+            println!("fired {tick}");
+            Box::pin(async move {
+                report(tick).await;
+                println!("done {tick}");
+            })
         })?)
         .await?;
     scheduler.start().await?;

@@ -1,12 +1,19 @@
 //! Three instances fire the same job every second; each tick runs in exactly
-//! one of them.
+//! one of them. A tick is the second a scheduler fires in: an instance
+//! prints `fired <tick>` when it fires, `done <tick>` when its `report`
+//! returned (ran, or skipped a busy lock). Every tick some instance fired
+//! for ran exactly once, in one of those instances; a tick none fired for
+//! (every scheduler late that second, on a loaded machine) ran nowhere.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use test_support::{Process, RedisServer};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 const TICKS: u64 = 4;
+/// Generous bound for an instance's next line (it prints every second).
+const LINE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn unix_millis() -> u64 {
     SystemTime::now()
@@ -26,12 +33,29 @@ fn wait_started(instance: &mut Process, name: &str) {
     panic!("instance {name} did not print `{expected}`");
 }
 
-fn llen(redis: &RedisServer, key: &str) -> u64 {
-    let reply = redis.command(&["LLEN", key]).unwrap();
-    reply
-        .strip_prefix(':')
-        .and_then(|n| n.trim_end().parse().ok())
-        .unwrap_or_else(|| panic!("LLEN {key}: {reply:?}"))
+/// The ticks from `first` to `last` that `instance` fired for, read from
+/// its lines until it fired for a later tick (it fires in order) and was
+/// done with each of them (so its run, if any, is recorded).
+fn fired(instance: &mut Process, first: u64, last: u64) -> BTreeSet<u64> {
+    let tick = |line: &str, prefix: &str| -> Option<u64> {
+        line.strip_prefix(prefix)
+            .map(|tick| tick.parse().unwrap_or_else(|_| panic!("{line:?}")))
+    };
+    let (mut fired, mut done) = (BTreeSet::new(), BTreeSet::new());
+    let mut past = false;
+    while !(past && fired.is_subset(&done)) {
+        let line = instance.line(LINE_TIMEOUT);
+        if let Some(tick) = tick(&line, "fired ") {
+            if tick > last {
+                past = true;
+            } else if tick >= first {
+                fired.insert(tick);
+            }
+        } else if let Some(tick) = tick(&line, "done ") {
+            done.insert(tick);
+        }
+    }
+    fired
 }
 
 #[test]
@@ -53,32 +77,44 @@ fn each_tick_runs_in_exactly_one_instance() {
 
     // The first tick that starts after all three are up, and the next ones.
     let first = unix_millis() / 1000 + 1;
-    let ticks: Vec<u64> = (first..first + TICKS).collect();
-
-    // Wait until the last tick has ended, plus a second for the late firings
-    // (a scheduler fires up to 500 ms into its second).
-    let checked_at = (first + TICKS + 1) * 1000;
-    std::thread::sleep(Duration::from_millis(
-        checked_at.saturating_sub(unix_millis()),
-    ));
-
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for tick in ticks {
-        let key = format!("runs:{tick}");
-        while llen(&redis, &key) == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
+    let last = first + TICKS - 1;
+    // Which instances fired for each tick.
+    let mut firers: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for (instance, name) in instances.iter_mut().zip(NAMES) {
+        for tick in fired(instance, first, last) {
+            firers.entry(tick).or_default().push(name);
         }
-        let runs = redis.command(&["LRANGE", &key, "0", "-1"]).unwrap();
-        assert_eq!(
-            llen(&redis, &key),
-            1,
-            "tick {tick} should have run exactly once: {runs:?}"
-        );
-        assert!(
-            NAMES
-                .iter()
-                .any(|name| runs.ends_with(&format!("\r\n{name}\r\n"))),
-            "tick {tick} ran in an unknown instance: {runs:?}"
-        );
     }
+
+    for tick in first..=last {
+        let runs = redis
+            .command(&["LRANGE", &format!("runs:{tick}"), "0", "-1"])
+            .unwrap();
+        let ran: Vec<&str> = runs
+            .split("\r\n")
+            .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+            .collect();
+        match firers.get(&tick) {
+            Some(fired) => {
+                assert_eq!(
+                    ran.len(),
+                    1,
+                    "tick {tick}, fired by {fired:?}, should have run exactly once: {ran:?}"
+                );
+                assert!(
+                    fired.contains(&ran[0]),
+                    "tick {tick} ran in {ran:?}, which did not fire for it ({fired:?} did)"
+                );
+            }
+            None => assert!(ran.is_empty(), "tick {tick} ran unfired: {ran:?}"),
+        }
+    }
+    // The lock had something to decide: ticks that several instances fired
+    // for (normally all three, every tick).
+    let contended = firers.values().filter(|fired| fired.len() > 1).count();
+    assert!(
+        contended >= 2,
+        "only {contended} of the ticks {first}..={last} were fired for by several instances: \
+         {firers:?}"
+    );
 }

@@ -2,7 +2,7 @@
 //! redis-server processes (test-support).
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,14 @@ impl std::fmt::Debug for Run {
     }
 }
 
+/// The longest one run of lockctl may take (each does a few calls, or a
+/// `watch` of a few refreshes): a run that hangs is killed, and the test
+/// fails with what it printed.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Runs `lockctl --url <url> <args>` (REDIS_URL unset), with `stdin`
-/// written to its input (then closed).
+/// written to its input (then closed). Panics if it has not exited within
+/// [`RUN_TIMEOUT`] (it is killed).
 pub fn lockctl_sync(url: &str, args: &[&str], stdin: &str) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lockctl"))
         .arg("--url")
@@ -51,11 +57,38 @@ pub fn lockctl_sync(url: &str, args: &[&str], stdin: &str) -> Run {
     // A run that never reads its input may close it first.
     let _ = input.write_all(stdin.as_bytes());
     drop(input);
-    let output = child.wait_with_output().unwrap();
+    // Read apart, so that neither pipe fills up while the other is read.
+    fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    }
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let Some(status) = status else {
+        panic!(
+            "lockctl {args:?} did not exit within {RUN_TIMEOUT:?} (killed)\n--- stdout\n{stdout}--- stderr\n{stderr}"
+        );
+    };
     Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr,
     }
 }
 
@@ -92,6 +125,26 @@ pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The channel of the one waiter queued in `queue` (its entry is
+/// `<channel>|<token>`), given the reply of `LRANGE queue 0 -1`: where a
+/// release tells it.
+pub fn queued_channel(lrange: &str) -> String {
+    let entries: Vec<&str> = lrange
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+        .collect();
+    assert_eq!(entries.len(), 1, "one waiter queued: {lrange:?}");
+    let (channel, _token) = entries[0].rsplit_once('|').expect("<channel>|<token>");
+    channel.to_owned()
+}
+
+/// The subscriber count of a `PUBSUB NUMSUB channel` (or `SHARDNUMSUB`)
+/// reply.
+pub fn numsub(reply: &str) -> u64 {
+    let count = reply.rsplit(':').next().unwrap_or_default();
+    count.trim().parse().unwrap_or_else(|_| panic!("{reply:?}"))
 }
 
 /// The row of `name` in a `list` table, split into its columns (the
