@@ -32,7 +32,7 @@ pub(crate) use connection::{retryable, Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
-pub(crate) use script_errors::is_script_error;
+pub(crate) use script_errors::{is_refusal, is_script_error};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

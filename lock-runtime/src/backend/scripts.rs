@@ -8,7 +8,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 
-use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
+use redis::{
+    aio::ConnectionLike, Arg, Cmd, FromRedisValue, ParsingError, RedisError, RedisResult, Script,
+    Value,
+};
 
 /// A script: its source, the SHA1 that EVALSHA names it by, its bit in a
 /// [`ScriptsSent`] set, and the files its source was put together from
@@ -86,6 +89,34 @@ pub(crate) fn as_eval(script: &LuaScript, cmd: &Cmd) -> Cmd {
 /// Whether Redis answered that it does not know the script.
 pub(crate) fn is_noscript(error: &RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The reply of a script that may wake waiters: its code, and Redis's
+/// error when the ACL refused one of its messages (`told()` in
+/// `publish.lua`: the reply is then `{code, error}`). The script did
+/// everything else.
+pub(crate) struct Told {
+    pub(crate) code: i64,
+    pub(crate) refused: Option<String>,
+}
+
+impl FromRedisValue for Told {
+    fn from_redis_value(value: Value) -> Result<Told, ParsingError> {
+        match value {
+            Value::Array(mut items) if items.len() == 2 => {
+                let said = items.pop().unwrap_or(Value::Nil);
+                let code = i64::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
+                Ok(Told {
+                    code,
+                    refused: Some(String::from_redis_value(said)?),
+                })
+            }
+            value => Ok(Told {
+                code: i64::from_redis_value(value)?,
+                refused: None,
+            }),
+        }
+    }
 }
 
 /// The scripts one client has had run by Redis: the first call of each is

@@ -136,11 +136,12 @@ impl std::fmt::Display for LostCause {
             LostCause::MaxHold => "`max_hold` was reached, so renewals stopped and its ttl ran out",
             LostCause::Released => "its outermost holder released it",
             LostCause::Deleted => {
-                "its key was deleted while the holder's validity still had time (not expired)"
+                "its key was deleted while the holder's validity still had time (its ttl had not run \
+                 out)"
             }
             LostCause::Replaced => {
                 "its key was replaced by another holder's while the holder's validity still had \
-                 time (not expired)"
+                 time (its ttl had not run out)"
             }
             LostCause::PermissionDenied => {
                 "Redis refused its renewal: the Redis user lacks a permission"
