@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use redis::{Cmd, Value};
 
-use super::ack_pool::{on_borrowed, AckPool, Borrowed};
+use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{evalsha, run, Told, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
@@ -103,9 +103,15 @@ impl RedisBackend {
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
             .call(|link, number| {
+                let main = link.clone();
                 let (link, borrowed) = self.for_call(link, ack);
-                let call = attempt(link, number);
-                on_borrowed(borrowed, call)
+                let call = on_borrowed(borrowed, attempt(link, number));
+                async move {
+                    match ack {
+                        Some(ack) => nudged(ack, main, call).await,
+                        None => call.await,
+                    }
+                }
             })
             .await
             .map_err(|source| LockError::redis(name, operation, source))
