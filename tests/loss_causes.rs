@@ -123,7 +123,12 @@ async fn a_renewed_lock_force_released_while_valid_is_deleted_not_expired() {
         .collect();
     assert_eq!(losses.len(), 1, "one warn per loss:\n{}", output.text());
     let warn = &losses[0];
-    for expected in ["lock.hold{", "report:7", "cause=\"deleted\"", "lock.outcome"] {
+    for expected in [
+        "lock.hold{",
+        "report:7",
+        "cause=\"deleted\"",
+        "lock.outcome",
+    ] {
         assert!(warn.contains(expected), "{expected}: {warn}");
     }
     assert!(
@@ -147,7 +152,10 @@ async fn a_key_replaced_while_valid_is_replaced_not_taken_over() {
         .renew()
         .client(client.clone())
         .run(async {
-            redis(&server, &["SET", "lock:{replaced:renewed}", "another", "PX", "30000"]);
+            redis(
+                &server,
+                &["SET", "lock:{replaced:renewed}", "another", "PX", "30000"],
+            );
             std::future::pending::<()>().await
         })
         .await;
@@ -159,7 +167,10 @@ async fn a_key_replaced_while_valid_is_replaced_not_taken_over() {
         .try_acquire()
         .await
         .unwrap();
-    redis(&server, &["SET", "lock:{replaced:plain}", "another", "PX", "30000"]);
+    redis(
+        &server,
+        &["SET", "lock:{replaced:plain}", "another", "PX", "30000"],
+    );
     let released = plain.release().await;
     assert!(is_lost(&released, LostCause::Replaced), "{released:?}");
     // The other holder's key is untouched.
@@ -171,7 +182,9 @@ async fn a_key_replaced_while_valid_is_replaced_not_taken_over() {
     assert_eq!((stats.lost, stats.lost_in_redis), (1, 1), "{stats:?}");
     let losses = output.warns();
     assert_eq!(losses.len(), 2, "one warn per loss:\n{}", output.text());
-    assert!(losses.iter().all(|line| line.contains("cause=\"replaced\"")));
+    assert!(losses
+        .iter()
+        .all(|line| line.contains("cause=\"replaced\"")));
     // The release's loss is logged inside its `lock.release` span.
     assert!(losses.iter().any(|line| line.contains("lock.release{")));
 }
@@ -246,7 +259,10 @@ async fn over_a_quorum_a_lock_deleted_while_valid_is_deleted() {
         .await
         .unwrap();
     for node in &nodes {
-        redis(node, &["SET", "lock:{quorum:plain}", "another", "PX", "30000"]);
+        redis(
+            node,
+            &["SET", "lock:{quorum:plain}", "another", "PX", "30000"],
+        );
     }
     let released = plain.release().await;
     assert!(is_lost(&released, LostCause::Replaced), "{released:?}");
@@ -278,12 +294,18 @@ async fn the_hold_span_records_how_the_hold_ended() {
     let text = output.text();
     let closed = |name: &str| {
         text.lines()
-            .find(|line| line.contains(&format!("lock.hold{{lock.name={name}")) && line.contains("close"))
+            .find(|line| {
+                line.contains(&format!("lock.hold{{lock.name={name}")) && line.contains("close")
+            })
             .unwrap_or_else(|| panic!("no close of {name}:\n{text}"))
             .to_owned()
     };
     let released = closed("ended:released");
-    assert!(released.contains("lock.outcome=\"released\"") || released.contains("lock.outcome=released"), "{released}");
+    assert!(
+        released.contains("lock.outcome=\"released\"")
+            || released.contains("lock.outcome=released"),
+        "{released}"
+    );
     let lost = closed("ended:lost");
     assert!(lost.contains("lost") && lost.contains("deleted"), "{lost}");
 }
@@ -356,7 +378,12 @@ async fn renewal_stats_count_a_lock_not_renewed() {
     .await;
     let stats = client.renewal_stats();
     assert_eq!(
-        (stats.not_renewed, stats.lost_in_redis, stats.refused, stats.max_hold_reached),
+        (
+            stats.not_renewed,
+            stats.lost_in_redis,
+            stats.refused,
+            stats.max_hold_reached
+        ),
         (1, 0, 0, 0),
         "{stats:?}"
     );

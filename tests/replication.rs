@@ -226,7 +226,12 @@ async fn a_refusal_comes_within_the_timeout_plus_one_round_trip() {
     // the replica confirms (its first confirmation may take a moment).
     let mut confirmed = false;
     for _ in 0..50 {
-        if let Ok(guard) = Lock::new("timed").fencing().client(client.clone()).try_acquire().await {
+        if let Ok(guard) = Lock::new("timed")
+            .fencing()
+            .client(client.clone())
+            .try_acquire()
+            .await
+        {
             guard.release().await.unwrap();
             confirmed = true;
             break;

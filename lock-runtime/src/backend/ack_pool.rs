@@ -134,7 +134,9 @@ pub(crate) async fn nudged<T>(
         let sent = tokio::time::Instant::now();
         for after in NUDGES {
             tokio::time::sleep_until(sent + timeout + after).await;
-            let _ = redis::cmd("PING").query_async::<redis::Value>(&mut other).await;
+            let _ = redis::cmd("PING")
+                .query_async::<redis::Value>(&mut other)
+                .await;
         }
         std::future::pending::<()>().await;
     };

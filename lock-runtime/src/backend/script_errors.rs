@@ -55,7 +55,9 @@ pub(crate) fn explain(error: RedisError) -> RedisError {
         return error;
     };
     let place = where_in_script(&text);
-    let command = place.as_ref().map_or_else(String::new, |place| place.commands.join("` or `"));
+    let command = place
+        .as_ref()
+        .map_or_else(String::new, |place| place.commands.join("` or `"));
     let at = place.as_ref().map_or_else(
         || "in a lock script".to_owned(),
         |place| format!("in {} line {}", place.file, place.line),
@@ -65,7 +67,9 @@ pub(crate) fn explain(error: RedisError) -> RedisError {
             "`{command}` ({at}) is refused: add `+{}` to the user's ACL rule (the README's \
              minimal rule, under Configuration, lists every command the scripts run); Redis \
              said: {text}",
-            place.as_ref().map_or("", |place| place.commands[0].as_str())
+            place
+                .as_ref()
+                .map_or("", |place| place.commands[0].as_str())
         ),
         Lacks::Command => format!(
             "a command {at} is refused: compare the user's ACL rule with the README's minimal \
@@ -180,7 +184,11 @@ mod tests {
     fn a_refused_command_in_a_script_is_named() {
         // The line of release.lua that deletes the key.
         let line = (1..)
-            .find(|&n| RELEASE.line(n).is_some_and(|(_, _, text)| text.contains("'DEL'")))
+            .find(|&n| {
+                RELEASE
+                    .line(n)
+                    .is_some_and(|(_, _, text)| text.contains("'DEL'"))
+            })
             .unwrap();
         let error = explain(refused(RELEASE.hash(), line));
         assert_eq!(error.kind(), ErrorKind::Server(ServerErrorKind::NoPerm));

@@ -188,24 +188,18 @@ const QUORUM_HELPERS: [(&str, &str); 2] = [lua!("publish.lua"), lua!("tickets.lu
 
 /// `lua/quorum_acquire.lua`: one node's part of an attempt over a quorum:
 /// take a free lock if nobody is ahead in line, or join the line.
-pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_acquire.lua")]], 1 << 18,
-    )
-});
+pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_acquire.lua")]], 1 << 18));
 
 /// `lua/quorum_release.lua`: the release (or a failed attempt's give-back)
 /// on one node of a quorum, waking the first waiter in line there.
-pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_release.lua")]], 1 << 17,
-    )
-});
+pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_release.lua")]], 1 << 17));
 
 /// `lua/quorum_leave.lua`: a waiter over a quorum gives up its place on one
 /// node.
-pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_leave.lua")]], 1 << 19,
-    )
-});
+pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_leave.lua")]], 1 << 19));
 
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
@@ -251,47 +245,73 @@ const SHARES: [(&str, &str); 2] = [lua!("publish.lua"), lua!("shares.lua")];
 
 /// `lua/rw_acquire.lua`: take a read share or the write side.
 pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_acquire.lua")]], 64)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_acquire.lua")]],
+        64,
+    )
 });
 
 /// `lua/rw_release.lua`: end a share, waking who may enter now.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_release.lua")]], 128)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_release.lua")]],
+        128,
+    )
 });
 
 /// `lua/rw_leave.lua`: a waiter of a read/write lock gives up its place.
 pub(crate) static RW_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_leave.lua")]], 256)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_leave.lua")]],
+        256,
+    )
 });
 
 /// `lua/semaphore_acquire.lua`: take permits, or join the queue.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("semaphore.lua")], &[lua!("semaphore_acquire.lua")]], 512)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_acquire.lua")],
+        ],
+        512,
+    )
 });
 
 /// `lua/semaphore_release.lua`: give permits back, waking who fits now.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("semaphore.lua")], &[lua!("semaphore_release.lua")]], 1024)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_release.lua")],
+        ],
+        1024,
+    )
 });
 
 /// `lua/semaphore_leave.lua`: a waiter of a semaphore gives up its place.
 pub(crate) static SEMAPHORE_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("semaphore.lua")], &[lua!("semaphore_leave.lua")]], 2048)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_leave.lua")],
+        ],
+        2048,
+    )
 });
 
 /// `lua/renew_shares.lua` for a cluster's primary: shares of any of its
 /// slots.
-pub(crate) static RENEW_SHARES_ANY_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&ANY_SLOT, &SHARES, &[lua!("renew_shares.lua")]], 16384,
-    )
-});
+pub(crate) static RENEW_SHARES_ANY_SLOT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&ANY_SLOT, &SHARES, &[lua!("renew_shares.lua")]], 16384));
 
 /// `lua/renew_shares.lua`: extend many read shares and permits of one
 /// client, each only while it is live.
-pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(&[&SHARES, &[lua!("renew_shares.lua")]], 4096,
-    )
-});
+pub(crate) static RENEW_SHARES: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&SHARES, &[lua!("renew_shares.lua")]], 4096));
 
 /// `lua/inspect.lua`: a read-only snapshot of the three locks of one name
 /// (the admin API, lockctl).
@@ -350,7 +370,10 @@ mod tests {
         let helper_lines = include_str!("lua/publish.lua").lines().count();
         let (file, line, text) = RELEASE.line(helper_lines + 1).unwrap();
         assert_eq!((file, line), ("release.lua", 1));
-        assert_eq!(text, include_str!("lua/release.lua").lines().next().unwrap());
+        assert_eq!(
+            text,
+            include_str!("lua/release.lua").lines().next().unwrap()
+        );
         let (file, line, _) = RENEW_ANY_SLOT.line(1).unwrap();
         assert_eq!((file, line), ("the shebang", 1));
         assert!(RELEASE.line(0).is_none());

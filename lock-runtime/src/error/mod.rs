@@ -108,8 +108,10 @@ impl LostCause {
                  renewals more time to get through"
             }
             LostCause::MaxHold => "give a larger `max_hold` if the work may take longer",
-            LostCause::Released => "do not use a reentrant entry or `current()` handle after \
-                 the outermost holder released the lock",
+            LostCause::Released => {
+                "do not use a reentrant entry or `current()` handle after \
+                 the outermost holder released the lock"
+            }
             LostCause::Deleted | LostCause::Replaced => {
                 "a longer ttl does not help: find what removes lock keys (a forced release, \
                  FLUSHALL/FLUSHDB, eviction: give Redis a `noeviction` or `volatile-*` policy \

@@ -353,10 +353,6 @@ async fn handoff(
         Pass::Passed { fence, queued } => Ok((fence, queued)),
         // Deleted or replaced while the passer's validity had time, else
         // expired or taken over (`loss.rs`).
-        Pass::Refused(found) => Err(lost(crate::lease::loss::shown(
-            hold,
-            found,
-            Instant::now(),
-        ))),
+        Pass::Refused(found) => Err(lost(crate::lease::loss::shown(hold, found, Instant::now()))),
     }
 }

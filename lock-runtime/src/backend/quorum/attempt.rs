@@ -777,7 +777,9 @@ pub(super) fn unreachable(
             .iter()
             .map(|refusal| refusal.kind())
             .find(|kind| *kind == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm))
-            .unwrap_or(redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError));
+            .unwrap_or(redis::ErrorKind::Server(
+                redis::ServerErrorKind::ResponseError,
+            ));
         return LockError::redis(
             keys.name(),
             operation,
