@@ -32,6 +32,8 @@ pub(crate) struct Borrowed {
     pool: Arc<AckPool>,
     link: Option<Link>,
     finished: bool,
+    /// Opened for this call: it connects first (see [`nudged`]).
+    fresh: bool,
 }
 
 impl AckPool {
@@ -51,6 +53,7 @@ impl AckPool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .pop();
+        let fresh = idle.is_none();
         let link = match idle {
             Some(link) => link,
             None => {
@@ -75,6 +78,7 @@ impl AckPool {
             pool: Arc::clone(self),
             link: Some(link),
             finished: false,
+            fresh,
         })
     }
 }
@@ -84,6 +88,13 @@ impl Borrowed {
         self.link
             .clone()
             .expect("a borrowed connection until dropped")
+    }
+
+    /// Whether the connection was opened for this call: it connects (and
+    /// says hello) before the call is sent, so the call's send time, from
+    /// which its `WAIT`'s timeout runs, is not known.
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.fresh
     }
 
     /// The call finished (with an answer or an error): the connection can
@@ -122,7 +133,10 @@ const NUDGES: [Duration; 2] = [Duration::from_millis(2), Duration::from_millis(1
 /// `hz`), so a refusal with 200 ms asked came after 200 to 300 ms. Any
 /// command wakes the loop, and the `WAIT` is answered at once, with its
 /// true count: the refusal comes within the timeout plus about one round
-/// trip. Nothing is sent when the call is answered before its timeout.
+/// trip. Nothing is sent when the call is answered before its timeout. Only
+/// for a call on a connection of the pool that is already open: the first
+/// call of a new one connects first, so its `WAIT` starts at a time the
+/// client cannot tell, and it is left to Redis's tick.
 pub(crate) async fn nudged<T>(
     ack: Ack,
     other: Link,

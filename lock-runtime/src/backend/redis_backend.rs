@@ -105,9 +105,17 @@ impl RedisBackend {
             .call(|link, number| {
                 let main = link.clone();
                 let (link, borrowed) = self.for_call(link, ack);
+                // Nudged past its `WAIT`'s timeout: on one server, on an
+                // open connection of the pool (`ack_pool.rs`).
+                let nudge = ack.filter(|_| {
+                    !self.cluster
+                        && borrowed
+                            .as_ref()
+                            .is_some_and(|borrowed| !borrowed.is_fresh())
+                });
                 let call = on_borrowed(borrowed, attempt(link, number));
                 async move {
-                    match ack {
+                    match nudge {
                         Some(ack) => nudged(ack, main, call).await,
                         None => call.await,
                     }
