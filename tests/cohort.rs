@@ -542,7 +542,7 @@ async fn a_pass_redis_refuses_stops_the_task_started_early() {
         matches!(
             outcome,
             Err(LockError::Lost {
-                cause: lock_runtime::LostCause::TakenOver,
+                cause: lock_runtime::LostCause::Replaced,
                 ..
             })
         ),

@@ -236,7 +236,7 @@ async fn release_never_deletes_another_holders_lock() {
         matches!(
             error,
             LockError::Lost {
-                cause: LostCause::TakenOver,
+                cause: LostCause::Replaced,
                 ..
             }
         ),

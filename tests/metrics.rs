@@ -112,7 +112,7 @@ async fn metrics_count_what_locks_did() {
     assert!(matches!(stopped, Err(LockError::Lost { .. })));
     assert!(matches!(lost.release().await, Err(LockError::Lost { .. })));
     assert_eq!(
-        totals.total("lock_lost_total", &[("lock", "job"), ("cause", "expired")]),
+        totals.total("lock_lost_total", &[("lock", "job"), ("cause", "deleted")]),
         1
     );
     assert!(totals.total("lock_renewals_total", &[]) >= 1);

@@ -182,8 +182,9 @@ async fn a_lost_lock_stops_the_body_by_default() {
         })
         .await;
     match result {
+        // Deleted while the holder's validity had time: not expired.
         Err(LockError::Lost {
-            cause: LostCause::Expired,
+            cause: LostCause::Deleted,
             ..
         }) => {}
         other => panic!("{other:?}"),
@@ -213,7 +214,7 @@ async fn on_lost_continue_lets_the_body_finish() {
         })
         .await
         .unwrap();
-    assert_eq!(result, (false, Some(LostCause::Expired)));
+    assert_eq!(result, (false, Some(LostCause::Deleted)));
 }
 
 #[tokio::test]
@@ -222,7 +223,7 @@ async fn the_guard_says_when_the_lock_is_lost() {
     let client = client(&server);
     let guard = renewed(&client, "watched").acquire().await.unwrap();
     redis(&server, &["DEL", "lock:{watched}"]);
-    assert_eq!(guard.lost().await, LostCause::Expired);
+    assert_eq!(guard.lost().await, LostCause::Deleted);
     assert!(!guard.is_held());
     let release = guard.release().await.unwrap_err();
     assert!(release.is_lost());

@@ -309,3 +309,63 @@ async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
     let slowest = results.iter().map(|(_, took)| *took).max().unwrap();
     assert!(slowest < timeout * 6, "the last refusal took {slowest:?}");
 }
+
+/// A refusal comes within the acknowledged timeout plus one round trip (the
+/// give-back), not at Redis's next tick after it (`WAIT`'s timeout is
+/// checked every 100 ms: 200 ms asked took up to 300). A refused fenced
+/// acquisition leaves no lock, and its fencing counter, which must keep
+/// increasing whatever happens to the lock, stays (README, design §12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_comes_within_the_timeout_plus_one_round_trip() {
+    let (primary, replica) = primary_with_replica();
+    let timeout = Duration::from_millis(200);
+    let client = acknowledged(&primary);
+    // Warm: the scripts are cached, a connection of the pool is open, and
+    // the replica confirms (its first confirmation may take a moment).
+    let mut confirmed = false;
+    for _ in 0..50 {
+        if let Ok(guard) = Lock::new("timed")
+            .fencing()
+            .client(client.clone())
+            .try_acquire()
+            .await
+        {
+            guard.release().await.unwrap();
+            confirmed = true;
+            break;
+        }
+    }
+    assert!(confirmed, "the replica confirms a write");
+    signal(&replica, "-STOP");
+    let mut took = Vec::new();
+    for fencing in [false, true, false, true, false, true, false] {
+        let lock = Lock::new("timed").client(client.clone());
+        let lock = if fencing { lock.fencing() } else { lock };
+        let started = Instant::now();
+        let refused = lock.try_acquire().await;
+        took.push(started.elapsed());
+        assert!(
+            matches!(refused, Err(LockError::NotReplicated { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(redis(&primary, &["EXISTS", "lock:{timed}"]), ":0\r\n");
+        assert_eq!(redis(&primary, &["EXISTS", "lock:{timed}:fence"]), ":1\r\n");
+    }
+    signal(&replica, "-CONT");
+    took.sort();
+    eprintln!("refused after {took:?} (timeout {timeout:?})");
+    // The typical refusal: the timeout and a loopback round trip, with room
+    // for a loaded machine (left to Redis's tick it was about 300 ms).
+    let median = took[took.len() / 2];
+    assert!(median >= timeout, "{took:?}");
+    assert!(median < timeout + Duration::from_millis(50), "{took:?}");
+    // Confirmed again once the replica is back.
+    Lock::new("timed")
+        .client(client)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

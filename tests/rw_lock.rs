@@ -465,7 +465,7 @@ async fn a_renewed_read_share_outlives_its_ttl_and_its_loss_stops_the_body() {
             matches!(
                 result,
                 Err(LockError::Lost {
-                    cause: LostCause::Expired,
+                    cause: LostCause::Deleted,
                     ..
                 })
             ),

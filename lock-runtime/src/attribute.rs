@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use crate::client::Client;
-use crate::error::LockError;
+use crate::error::{LockError, LostCause};
 use crate::fronts::lock::Lock;
 
 /// The client named by `client = <expr>`: the expansion passes `&(expr)`, so
@@ -59,11 +59,14 @@ impl NotAcquired for () {
 }
 
 /// `()` and `Option` cannot carry the error, so it is recorded: a busy lock at
-/// info level (another instance is doing the work: normal), anything else
-/// (a renewed lock lost mid-body included) at error level.
+/// info level (another instance is doing the work: normal), anything else at
+/// error level, except a renewed lock lost mid-body: that loss was already
+/// logged once, at warn, inside the `lock.hold` span (with its cause).
 fn log_skip(error: &LockError, function: &'static str) {
     if error.is_busy() {
         tracing::info!(function, %error, "lock busy; body skipped");
+    } else if matches!(error, LockError::Lost { cause, .. } if *cause != LostCause::Released) {
+        tracing::debug!(function, %error, "lock lost; body stopped");
     } else if error.is_lost() {
         tracing::error!(function, %error, "lock lost; body stopped");
     } else {

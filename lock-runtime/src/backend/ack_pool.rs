@@ -13,8 +13,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::connection::{Link, Target};
+use super::connection::{Ack, Link, Target};
 
 /// The most connections the pool opens.
 const MAX_OPEN: usize = 32;
@@ -31,6 +32,8 @@ pub(crate) struct Borrowed {
     pool: Arc<AckPool>,
     link: Option<Link>,
     finished: bool,
+    /// Opened for this call: it connects first (see [`nudged`]).
+    fresh: bool,
 }
 
 impl AckPool {
@@ -50,6 +53,7 @@ impl AckPool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .pop();
+        let fresh = idle.is_none();
         let link = match idle {
             Some(link) => link,
             None => {
@@ -74,6 +78,7 @@ impl AckPool {
             pool: Arc::clone(self),
             link: Some(link),
             finished: false,
+            fresh,
         })
     }
 }
@@ -83,6 +88,13 @@ impl Borrowed {
         self.link
             .clone()
             .expect("a borrowed connection until dropped")
+    }
+
+    /// Whether the connection was opened for this call: it connects (and
+    /// says hello) before the call is sent, so the call's send time, from
+    /// which its `WAIT`'s timeout runs, is not known.
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.fresh
     }
 
     /// The call finished (with an answer or an error): the connection can
@@ -104,6 +116,49 @@ pub(crate) async fn on_borrowed<T>(
         borrowed.finished();
     }
     result
+}
+
+/// How long after an acknowledged call was sent its server is nudged (see
+/// [`nudged`]): just past the `WAIT`'s timeout, which runs from a moment
+/// later (the call's way there), and once more in case the first nudge
+/// arrived a hair before it.
+const NUDGES: [Duration; 2] = [Duration::from_millis(2), Duration::from_millis(15)];
+
+/// Runs the acknowledged `call` (a write and its `WAIT`, `ack`), sending a
+/// `PING` on `other` (a connection that is not the call's) once the
+/// `WAIT`'s timeout has passed.
+///
+/// Redis answers a `WAIT` whose timeout passed when its event loop next
+/// wakes: on an idle server, at its next tick (every 100 ms at the default
+/// `hz`), so a refusal with 200 ms asked came after 200 to 300 ms. Any
+/// command wakes the loop, and the `WAIT` is answered at once, with its
+/// true count: the refusal comes within the timeout plus about one round
+/// trip. Nothing is sent when the call is answered before its timeout. Only
+/// for a call on a connection of the pool that is already open: the first
+/// call of a new one connects first, so its `WAIT` starts at a time the
+/// client cannot tell, and it is left to Redis's tick.
+pub(crate) async fn nudged<T>(
+    ack: Ack,
+    other: Link,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let nudge = async move {
+        let mut other = other;
+        let timeout = Duration::from_millis(ack.timeout_ms);
+        let sent = tokio::time::Instant::now();
+        for after in NUDGES {
+            tokio::time::sleep_until(sent + timeout + after).await;
+            let _ = redis::cmd("PING")
+                .query_async::<redis::Value>(&mut other)
+                .await;
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        biased;
+        result = call => result,
+        () = nudge => unreachable!("the nudge never ends"),
+    }
 }
 
 impl Drop for Borrowed {

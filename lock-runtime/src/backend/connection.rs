@@ -316,7 +316,8 @@ impl Connection {
             let error =
                 match tokio::time::timeout(left, attempt(current.manager.clone(), number)).await {
                     Ok(Ok(value)) => return Ok(value),
-                    Ok(Err(error)) => error,
+                    // A script's command refused by the ACL: named.
+                    Ok(Err(error)) => super::script_errors::explain(error),
                     Err(_elapsed) => {
                         self.replace(&current);
                         return Err(timed_out(self.deadline));

@@ -15,6 +15,7 @@ mod notify;
 mod quorum;
 mod redis_backend;
 mod router;
+mod script_errors;
 mod scripts;
 mod slot_map;
 mod slots;
@@ -31,6 +32,7 @@ pub(crate) use connection::{retryable, Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
+pub(crate) use script_errors::{is_refusal, is_script_error};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,6 +29,7 @@ mod node;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -77,6 +78,8 @@ pub(crate) struct Notifier {
     /// Tells the connection task that `wanted` grew.
     kick: Arc<Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The ACL refused the subscription: said once (see [`refused`]).
+    refusal_told: AtomicBool,
 }
 
 /// The slots whose channel the connection listens on, and those it
@@ -148,7 +151,36 @@ impl Notifier {
             wanted: Mutex::new(HashSet::new()),
             kick: Arc::new(Notify::new()),
             task: Mutex::new(None),
+            refusal_told: AtomicBool::new(false),
         }))
+    }
+
+    /// Whether `error` (of a subscription) is the ACL refusing it; the
+    /// first time, a warning naming the permission. A refusal is said once
+    /// per client, however often the connection task tries again (each
+    /// new waiter starts it again): it lasts until the rule changes, and
+    /// meanwhile waiters are woken by polling.
+    fn refused(&self, error: &redis::RedisError) -> bool {
+        if error.kind() != redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+            return false;
+        }
+        if !self.refusal_told.swap(true, Ordering::Relaxed) {
+            let text = error.to_string();
+            let lacks = if text.contains("channel") {
+                "the channel pattern `&lock-waiters:*`"
+            } else if self.is_cluster() {
+                "the command `ssubscribe`"
+            } else {
+                "the command `subscribe`"
+            };
+            tracing::warn!(
+                %error,
+                "the Redis user may not subscribe to this client's waiters' channel: add {lacks} \
+                 to its ACL rule; until then its waiters are not woken by releases and poll \
+                 instead (at most 500 ms late)"
+            );
+        }
+        true
     }
 
     fn is_cluster(&self) -> bool {

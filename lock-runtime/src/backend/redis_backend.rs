@@ -10,16 +10,16 @@ mod shared;
 
 pub(crate) use quorum_node::{Ballot, Vote, VoteKind};
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use redis::{Cmd, Value};
 
-use super::ack_pool::{on_borrowed, AckPool, Borrowed};
+use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
-use super::scripts::{evalsha, run, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
+use super::scripts::{evalsha, run, Told, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
 use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -33,6 +33,8 @@ pub(crate) struct RedisBackend {
     /// On a Redis Cluster: renewals are grouped by slot and node, a plain
     /// acquire is `SET NX GET` (a retry recognises its own token).
     cluster: bool,
+    /// The ACL refused a message to waiters: said once (see [`told`]).
+    publish_refused: AtomicBool,
 }
 
 impl RedisBackend {
@@ -48,7 +50,33 @@ impl RedisBackend {
             ack_pool: ack.map(|_| AckPool::new(target_for_pool)),
             ack,
             cluster,
+            publish_refused: AtomicBool::new(false),
         })
+    }
+
+    /// The code of a script that may wake waiters; the first time the ACL
+    /// refused one of its messages, a warning naming the permission. The
+    /// script did its work: the waiters it could not tell find out by their
+    /// timed retries (at most 500 ms late), so this is no error.
+    pub(super) fn told(&self, told: Told) -> i64 {
+        if let Some(said) = told.refused {
+            if !self.publish_refused.swap(true, Ordering::Relaxed) {
+                let lacks = if said.contains("channel") {
+                    "the channel pattern `&lock-waiters:*`"
+                } else if self.cluster {
+                    "the command `spublish`"
+                } else {
+                    "the command `publish`"
+                };
+                tracing::warn!(
+                    error = %said,
+                    "the Redis user may not publish to the waiters' channels: add {lacks} to its \
+                     ACL rule; until then releases do not wake waiters of other processes, which \
+                     find out by polling (at most 500 ms late)"
+                );
+            }
+        }
+        told.code
     }
 
     /// A node of a quorum: a refused connection fails its calls at once
@@ -75,9 +103,23 @@ impl RedisBackend {
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
             .call(|link, number| {
+                let main = link.clone();
                 let (link, borrowed) = self.for_call(link, ack);
-                let call = attempt(link, number);
-                on_borrowed(borrowed, call)
+                // Nudged past its `WAIT`'s timeout: on one server, on an
+                // open connection of the pool (`ack_pool.rs`).
+                let nudge = ack.filter(|_| {
+                    !self.cluster
+                        && borrowed
+                            .as_ref()
+                            .is_some_and(|borrowed| !borrowed.is_fresh())
+                });
+                let call = on_borrowed(borrowed, attempt(link, number));
+                async move {
+                    match nudge {
+                        Some(ack) => nudged(ack, main, call).await,
+                        None => call.await,
+                    }
+                }
             })
             .await
             .map_err(|source| LockError::redis(name, operation, source))
@@ -341,7 +383,7 @@ impl Backend for RedisBackend {
                 "release",
                 |mut connection, attempt| async move {
                     let sent_at = Instant::now();
-                    let code: i64 = run(script, cmd, &mut connection, scripts).await?;
+                    let code = self.told(run(script, cmd, &mut connection, scripts).await?);
                     Ok(Release {
                         found: found(code),
                         woke: code == 2,
@@ -374,7 +416,9 @@ impl Backend for RedisBackend {
                 keys.name(),
                 "leave the queue",
                 |mut connection, _| async move {
-                    run::<i64>(&LEAVE, cmd, &mut connection, scripts).await
+                    run::<Told>(&LEAVE, cmd, &mut connection, scripts)
+                        .await
+                        .map(|told| self.told(told))
                 },
             )
             .await

@@ -8,25 +8,59 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 
-use redis::{aio::ConnectionLike, Arg, Cmd, FromRedisValue, RedisError, RedisResult, Script};
+use redis::{
+    aio::ConnectionLike, Arg, Cmd, FromRedisValue, ParsingError, RedisError, RedisResult, Script,
+    Value,
+};
 
-/// A script: its source, the SHA1 that EVALSHA names it by, and its bit in
-/// a [`ScriptsSent`] set.
+/// A script: its source, the SHA1 that EVALSHA names it by, its bit in a
+/// [`ScriptsSent`] set, and the files its source was put together from
+/// (to tell on which file's line an error happened: `script_errors.rs`).
 pub(crate) struct LuaScript {
     source: String,
     hash: String,
     bit: u32,
+    parts: Vec<(&'static str, &'static str)>,
+}
+
+/// A `.lua` file of `lua/`: its name and its text.
+macro_rules! lua {
+    ($file:literal) => {
+        ($file, include_str!(concat!("lua/", $file)))
+    };
 }
 
 impl LuaScript {
-    fn new(source: &str, bit: u32) -> LuaScript {
-        let source = source.to_owned();
+    /// The script made of `parts` (file name, text; helpers first), in order.
+    fn new(parts: &[&[(&'static str, &'static str)]], bit: u32) -> LuaScript {
+        let parts = parts.concat();
+        let source: String = parts.iter().map(|(_, text)| *text).collect();
         let hash = Script::new(&source).get_hash().to_owned();
-        LuaScript { source, hash, bit }
+        LuaScript {
+            source,
+            hash,
+            bit,
+            parts,
+        }
     }
 
     pub(crate) fn hash(&self) -> &str {
         &self.hash
+    }
+
+    /// Line `line` (from 1, as Redis counts them) of the source, with the
+    /// file it comes from and its line there.
+    pub(crate) fn line(&self, line: usize) -> Option<(&'static str, usize, &str)> {
+        let text = self.source.lines().nth(line.checked_sub(1)?)?;
+        let mut first = 1;
+        for (file, part) in &self.parts {
+            let lines = part.lines().count();
+            if line < first + lines {
+                return Some((file, line - first + 1, text));
+            }
+            first += lines;
+        }
+        None
     }
 }
 
@@ -55,6 +89,34 @@ pub(crate) fn as_eval(script: &LuaScript, cmd: &Cmd) -> Cmd {
 /// Whether Redis answered that it does not know the script.
 pub(crate) fn is_noscript(error: &RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The reply of a script that may wake waiters: its code, and Redis's
+/// error when the ACL refused one of its messages (`told()` in
+/// `publish.lua`: the reply is then `{code, error}`). The script did
+/// everything else.
+pub(crate) struct Told {
+    pub(crate) code: i64,
+    pub(crate) refused: Option<String>,
+}
+
+impl FromRedisValue for Told {
+    fn from_redis_value(value: Value) -> Result<Told, ParsingError> {
+        match value {
+            Value::Array(mut items) if items.len() == 2 => {
+                let said = items.pop().unwrap_or(Value::Nil);
+                let code = i64::from_redis_value(items.pop().unwrap_or(Value::Nil))?;
+                Ok(Told {
+                    code,
+                    refused: Some(String::from_redis_value(said)?),
+                })
+            }
+            value => Ok(Told {
+                code: i64::from_redis_value(value)?,
+                refused: None,
+            }),
+        }
+    }
 }
 
 /// The scripts one client has had run by Redis: the first call of each is
@@ -106,91 +168,72 @@ pub(crate) async fn run<T: FromRedisValue>(
 // §4).
 
 /// `publish.lua`: PUBLISH, or SPUBLISH for a cluster's per-slot channel.
-const PUBLISH: &str = include_str!("lua/publish.lua");
+const PUBLISH: (&str, &str) = lua!("publish.lua");
 
 /// `publish.lua`, `mark.lua` and `prune.lua`: helpers put in front of the
 /// scripts that use them.
-const HELPERS: &str = concat!(
-    include_str!("lua/publish.lua"),
-    include_str!("lua/mark.lua"),
-    include_str!("lua/prune.lua")
-);
+const HELPERS: [(&str, &str); 3] = [lua!("publish.lua"), lua!("mark.lua"), lua!("prune.lua")];
 
 /// `lua/acquire.lua`: take a free lock (maybe with a fencing token), or
 /// join the queue.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[HELPERS, include_str!("lua/acquire.lua")].concat(), 1));
+    LazyLock::new(|| LuaScript::new(&[&HELPERS, &[lua!("acquire.lua")]], 1));
 
 /// `lua/release.lua`: compare-and-delete, waking the marked waiter.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[PUBLISH, include_str!("lua/release.lua")].concat(), 2));
+    LazyLock::new(|| LuaScript::new(&[&[PUBLISH], &[lua!("release.lua")]], 2));
 
 /// `publish.lua` and `tickets.lua`: the helpers of the quorum scripts.
-const QUORUM_HELPERS: &str = concat!(
-    include_str!("lua/publish.lua"),
-    include_str!("lua/tickets.lua")
-);
+const QUORUM_HELPERS: [(&str, &str); 2] = [lua!("publish.lua"), lua!("tickets.lua")];
 
 /// `lua/quorum_acquire.lua`: one node's part of an attempt over a quorum:
 /// take a free lock if nobody is ahead in line, or join the line.
-pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        &[QUORUM_HELPERS, include_str!("lua/quorum_acquire.lua")].concat(),
-        1 << 18,
-    )
-});
+pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_acquire.lua")]], 1 << 18));
 
 /// `lua/quorum_release.lua`: the release (or a failed attempt's give-back)
 /// on one node of a quorum, waking the first waiter in line there.
-pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        &[QUORUM_HELPERS, include_str!("lua/quorum_release.lua")].concat(),
-        1 << 17,
-    )
-});
+pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_release.lua")]], 1 << 17));
 
 /// `lua/quorum_leave.lua`: a waiter over a quorum gives up its place on one
 /// node.
-pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        &[QUORUM_HELPERS, include_str!("lua/quorum_leave.lua")].concat(),
-        1 << 19,
-    )
-});
+pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_leave.lua")]], 1 << 19));
 
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/release_keeping.lua"), 4));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("release_keeping.lua")]], 4));
 
 /// `lua/leave.lua`: a waiter gives up its place.
 pub(crate) static LEAVE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[HELPERS, include_str!("lua/leave.lua")].concat(), 8));
+    LazyLock::new(|| LuaScript::new(&[&HELPERS, &[lua!("leave.lua")]], 8));
 
 /// `lua/renew.lua`: extend many locks of one client, each only if it holds
 /// its token.
 pub(crate) static RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/renew.lua"), 16));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("renew.lua")]], 16));
 
 /// The flag that lets a script touch keys of several slots of its node
 /// (Redis 7; a Redis Cluster's renewals, grouped by primary), and
 /// `any_slot.lua`, which takes the keys from ARGV (a script's declared keys
 /// must still share a slot).
-const ANY_SLOT: &str = concat!(
-    "#!lua flags=allow-cross-slot-keys\n",
-    include_str!("lua/any_slot.lua")
-);
+const ANY_SLOT: [(&str, &str); 2] = [
+    ("the shebang", "#!lua flags=allow-cross-slot-keys\n"),
+    lua!("any_slot.lua"),
+];
 
 /// `lua/renew.lua` for a cluster's primary: locks of any of its slots.
 pub(crate) static RENEW_ANY_SLOT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[ANY_SLOT, include_str!("lua/renew.lua")].concat(), 8192));
+    LazyLock::new(|| LuaScript::new(&[&ANY_SLOT, &[lua!("renew.lua")]], 8192));
 
 /// `lua/fence_raise.lua`: a quorum's write-back of a fencing token.
 pub(crate) static FENCE_RAISE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/fence_raise.lua"), 32768));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("fence_raise.lua")]], 32768));
 
 /// `lua/handoff.lua`: pass a held lock to the next task of the process.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/handoff.lua"), 32));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("handoff.lua")]], 32));
 
 // The shared-holder kinds (read/write locks, semaphores): each holder has
 // its own token and its own expiry, a score on the server clock in a sorted
@@ -198,93 +241,108 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 
 /// `publish.lua` and `shares.lua`: the server clock, `expire_at_least`,
 /// grouped publishing.
-const SHARES: &str = concat!(
-    include_str!("lua/publish.lua"),
-    include_str!("lua/shares.lua")
-);
+const SHARES: [(&str, &str); 2] = [lua!("publish.lua"), lua!("shares.lua")];
 
 /// `lua/rw_acquire.lua`: take a read share or the write side.
 pub(crate) static RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/rw_state.lua"),
-        include_str!("lua/rw_acquire.lua"),
-    ];
-    LuaScript::new(&source.concat(), 64)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_acquire.lua")]],
+        64,
+    )
 });
 
 /// `lua/rw_release.lua`: end a share, waking who may enter now.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/rw_state.lua"),
-        include_str!("lua/rw_release.lua"),
-    ];
-    LuaScript::new(&source.concat(), 128)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_release.lua")]],
+        128,
+    )
 });
 
 /// `lua/rw_leave.lua`: a waiter of a read/write lock gives up its place.
 pub(crate) static RW_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/rw_state.lua"),
-        include_str!("lua/rw_leave.lua"),
-    ];
-    LuaScript::new(&source.concat(), 256)
+    LuaScript::new(
+        &[&SHARES, &[lua!("rw_state.lua")], &[lua!("rw_leave.lua")]],
+        256,
+    )
 });
 
 /// `lua/semaphore_acquire.lua`: take permits, or join the queue.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/semaphore.lua"),
-        include_str!("lua/semaphore_acquire.lua"),
-    ];
-    LuaScript::new(&source.concat(), 512)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_acquire.lua")],
+        ],
+        512,
+    )
 });
 
 /// `lua/semaphore_release.lua`: give permits back, waking who fits now.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/semaphore.lua"),
-        include_str!("lua/semaphore_release.lua"),
-    ];
-    LuaScript::new(&source.concat(), 1024)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_release.lua")],
+        ],
+        1024,
+    )
 });
 
 /// `lua/semaphore_leave.lua`: a waiter of a semaphore gives up its place.
 pub(crate) static SEMAPHORE_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
-    let source = [
-        SHARES,
-        include_str!("lua/semaphore.lua"),
-        include_str!("lua/semaphore_leave.lua"),
-    ];
-    LuaScript::new(&source.concat(), 2048)
+    LuaScript::new(
+        &[
+            &SHARES,
+            &[lua!("semaphore.lua")],
+            &[lua!("semaphore_leave.lua")],
+        ],
+        2048,
+    )
 });
 
 /// `lua/renew_shares.lua` for a cluster's primary: shares of any of its
 /// slots.
-pub(crate) static RENEW_SHARES_ANY_SLOT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        &[ANY_SLOT, SHARES, include_str!("lua/renew_shares.lua")].concat(),
-        16384,
-    )
-});
+pub(crate) static RENEW_SHARES_ANY_SLOT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&ANY_SLOT, &SHARES, &[lua!("renew_shares.lua")]], 16384));
 
 /// `lua/renew_shares.lua`: extend many read shares and permits of one
 /// client, each only while it is live.
-pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::new(
-        &[SHARES, include_str!("lua/renew_shares.lua")].concat(),
-        4096,
-    )
-});
+pub(crate) static RENEW_SHARES: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&SHARES, &[lua!("renew_shares.lua")]], 4096));
 
 /// `lua/inspect.lua`: a read-only snapshot of the three locks of one name
 /// (the admin API, lockctl).
 pub(crate) static INSPECT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/inspect.lua"), 65536));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
+
+/// Every script, for finding one by its SHA1.
+pub(crate) fn all() -> [&'static LuaScript; 20] {
+    [
+        &ACQUIRE,
+        &RELEASE,
+        &QUORUM_ACQUIRE,
+        &QUORUM_RELEASE,
+        &QUORUM_LEAVE,
+        &RELEASE_KEEPING,
+        &LEAVE,
+        &RENEW,
+        &RENEW_ANY_SLOT,
+        &FENCE_RAISE,
+        &HANDOFF,
+        &RW_ACQUIRE,
+        &RW_RELEASE,
+        &RW_LEAVE,
+        &SEMAPHORE_ACQUIRE,
+        &SEMAPHORE_RELEASE,
+        &SEMAPHORE_LEAVE,
+        &RENEW_SHARES_ANY_SLOT,
+        &RENEW_SHARES,
+        &INSPECT,
+    ]
+}
 
 #[cfg(test)]
 mod tests {
@@ -295,33 +353,30 @@ mod tests {
     /// seen (a `NOSCRIPT` and a second round trip).
     #[test]
     fn every_script_has_its_own_bit() {
-        let scripts: [&LuaScript; 20] = [
-            &ACQUIRE,
-            &RELEASE,
-            &QUORUM_ACQUIRE,
-            &QUORUM_RELEASE,
-            &QUORUM_LEAVE,
-            &RELEASE_KEEPING,
-            &LEAVE,
-            &RENEW,
-            &RENEW_ANY_SLOT,
-            &FENCE_RAISE,
-            &HANDOFF,
-            &RW_ACQUIRE,
-            &RW_RELEASE,
-            &RW_LEAVE,
-            &SEMAPHORE_ACQUIRE,
-            &SEMAPHORE_RELEASE,
-            &SEMAPHORE_LEAVE,
-            &RENEW_SHARES_ANY_SLOT,
-            &RENEW_SHARES,
-            &INSPECT,
-        ];
         let mut seen = 0u32;
-        for script in scripts {
+        for script in all() {
             assert_eq!(script.bit.count_ones(), 1, "{}", script.hash());
             assert_eq!(seen & script.bit, 0, "bit {} used twice", script.bit);
             seen |= script.bit;
         }
+    }
+
+    /// A line of a script is found in the file it comes from.
+    #[test]
+    fn lines_are_found_in_their_files() {
+        let (file, line, text) = RELEASE.line(1).unwrap();
+        assert_eq!((file, line), ("publish.lua", 1));
+        assert!(text.starts_with("--"));
+        let helper_lines = include_str!("lua/publish.lua").lines().count();
+        let (file, line, text) = RELEASE.line(helper_lines + 1).unwrap();
+        assert_eq!((file, line), ("release.lua", 1));
+        assert_eq!(
+            text,
+            include_str!("lua/release.lua").lines().next().unwrap()
+        );
+        let (file, line, _) = RENEW_ANY_SLOT.line(1).unwrap();
+        assert_eq!((file, line), ("the shebang", 1));
+        assert!(RELEASE.line(0).is_none());
+        assert!(RELEASE.line(100_000).is_none());
     }
 }

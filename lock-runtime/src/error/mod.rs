@@ -7,13 +7,22 @@ use std::time::Duration;
 pub use config::ConfigError;
 
 /// Why a held lock is no longer held by its holder.
+///
+/// A key found gone or holding another token is told apart by the holder's
+/// local validity (its monotonic deadline): when the validity had run out the
+/// ttl did its work ([`Expired`](LostCause::Expired),
+/// [`TakenOver`](LostCause::TakenOver)); while it still had time something
+/// removed the key ([`Deleted`](LostCause::Deleted),
+/// [`Replaced`](LostCause::Replaced)). Each cause's `Display` ends with
+/// advice that fits it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostCause {
-    /// The key was gone: the lock's ttl passed (or Redis lost the key).
+    /// The key was gone after the holder's validity had run out: the ttl
+    /// passed before the release (or a renewal came too late).
     Expired,
-    /// Another holder's token was in the key: the ttl passed and another holder
-    /// acquired the lock.
+    /// Another holder's token was in the key after the holder's validity had
+    /// run out: the ttl passed and another holder acquired the lock.
     TakenOver,
     /// The validity deadline passed before a renewal was confirmed: Redis was
     /// unreachable or slow, or this process was paused (GC, SIGSTOP, an
@@ -24,6 +33,23 @@ pub enum LostCause {
     /// The outermost holder released it (seen by a reentrant guard or a
     /// `current()` handle that outlived the hold).
     Released,
+    /// The key was gone while the holder's validity still had time: it was
+    /// deleted (a forced release such as `lockctl release --force`,
+    /// `FLUSHALL`/`FLUSHDB`, eviction under `maxmemory`, a restart without
+    /// persistence, a failover to a replica that never had it), not expired.
+    Deleted,
+    /// Another token was in the key while the holder's validity still had
+    /// time: the key was deleted or overwritten and another holder took it
+    /// (a forced release, a failover to a replica that never had the lock).
+    Replaced,
+    /// Redis refused the renewal because the Redis user lacks a permission
+    /// (ACL): the lock could not be kept. The logged warning names the
+    /// command and the rule to add.
+    PermissionDenied,
+    /// Redis refused the renewal with an error other than a permission (a
+    /// script error): the lock could not be kept. The logged warning quotes
+    /// it.
+    Refused,
 }
 
 impl LostCause {
@@ -34,6 +60,10 @@ impl LostCause {
             LostCause::NotRenewed => 3,
             LostCause::MaxHold => 4,
             LostCause::Released => 5,
+            LostCause::Deleted => 6,
+            LostCause::Replaced => 7,
+            LostCause::PermissionDenied => 8,
+            LostCause::Refused => 9,
         }
     }
 
@@ -46,6 +76,10 @@ impl LostCause {
             LostCause::NotRenewed => "not_renewed",
             LostCause::MaxHold => "max_hold",
             LostCause::Released => "released",
+            LostCause::Deleted => "deleted",
+            LostCause::Replaced => "replaced",
+            LostCause::PermissionDenied => "permission_denied",
+            LostCause::Refused => "refused",
         }
     }
 
@@ -55,7 +89,39 @@ impl LostCause {
             2 => LostCause::TakenOver,
             3 => LostCause::NotRenewed,
             4 => LostCause::MaxHold,
+            6 => LostCause::Deleted,
+            7 => LostCause::Replaced,
+            8 => LostCause::PermissionDenied,
+            9 => LostCause::Refused,
             _ => LostCause::Released,
+        }
+    }
+
+    /// What the holder can do about this cause.
+    fn advice(self) -> &'static str {
+        match self {
+            LostCause::Expired | LostCause::TakenOver => {
+                "use a longer ttl, or `renew` for work that can outlast it"
+            }
+            LostCause::NotRenewed => {
+                "check Redis's health and latency and this process's pauses; a longer ttl gives \
+                 renewals more time to get through"
+            }
+            LostCause::MaxHold => "give a larger `max_hold` if the work may take longer",
+            LostCause::Released => {
+                "do not use a reentrant entry or `current()` handle after \
+                 the outermost holder released the lock"
+            }
+            LostCause::Deleted | LostCause::Replaced => {
+                "a longer ttl does not help: find what removes lock keys (a forced release, \
+                 FLUSHALL/FLUSHDB, eviction: give Redis a `noeviction` or `volatile-*` policy \
+                 with room, a restart without persistence, a failover: see acknowledged mode)"
+            }
+            LostCause::PermissionDenied => {
+                "grant the Redis user the permission the logged warning names (the README's \
+                 minimal ACL rule)"
+            }
+            LostCause::Refused => "see the logged warning for Redis's error",
         }
     }
 }
@@ -71,6 +137,18 @@ impl std::fmt::Display for LostCause {
             }
             LostCause::MaxHold => "`max_hold` was reached, so renewals stopped and its ttl ran out",
             LostCause::Released => "its outermost holder released it",
+            LostCause::Deleted => {
+                "its key was deleted while the holder's validity still had time (its ttl had not run \
+                 out)"
+            }
+            LostCause::Replaced => {
+                "its key was replaced by another holder's while the holder's validity still had \
+                 time (its ttl had not run out)"
+            }
+            LostCause::PermissionDenied => {
+                "Redis refused its renewal: the Redis user lacks a permission"
+            }
+            LostCause::Refused => "Redis refused its renewal with an error",
         })
     }
 }
@@ -107,8 +185,8 @@ pub enum LockError {
     /// The holder no longer holds the lock: another holder may have run its
     /// critical section at the same time.
     #[error(
-        "lock `{name}` was lost: {cause}; another holder may have run at the same time (use a \
-         longer ttl, `renew` for work that can outlast it, or a larger `max_hold`)"
+        "lock `{name}` was lost: {cause}; another holder may have run at the same time ({})",
+        cause.advice()
     )]
     Lost {
         /// The lock's name, as the caller wrote it.
@@ -185,17 +263,36 @@ impl LockError {
     }
 }
 
-/// What to do about a Redis error.
+/// What to do about a Redis error: it follows the error's kind. Only an
+/// error of the connection (or no answer) points at Redis being down.
 fn advice(source: &redis::RedisError) -> &'static str {
+    use redis::{ErrorKind, ServerErrorKind};
     if let Some(failure) = crate::tls::handshake_failure(source) {
         return failure.advice();
     }
     match source.kind() {
-        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
             "the Redis user lacks a permission: grant it, see the README's minimal ACL rule"
         }
-        redis::ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
-        _ => "check that Redis is up and reachable at the configured URL",
+        ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
+        _ if crate::backend::is_script_error(source) => {
+            "a lock script failed inside Redis: check that the server is Redis 6.2 or later and \
+             that every instance runs the same version of this crate"
+        }
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            "the server is a read-only replica: give the primary's URL (or the cluster's)"
+        }
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown,
+        ) => "Redis is not ready yet (loading, or a cluster in transition): it usually passes",
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => {
+            "check that Redis is up and reachable at the configured URL"
+        }
+        ErrorKind::InvalidClientConfig => "check the URL",
+        _ => "Redis answered with an error: see its text",
     }
 }
 

@@ -11,7 +11,7 @@ use crate::client::{global_client, Client};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::acquire::{Acquisition, Cohort, Representative, Settings};
-use crate::lease::guard::{LockGuard, OnLost};
+use crate::lease::guard::{lost_in, LockGuard, OnLost};
 use crate::lease::watch::{held_in_this_task, Entry};
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
@@ -352,9 +352,23 @@ impl Lock {
     /// lock in the background (renewals stop first).
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
         let guard = self.traced(self.take(Entry::Body)).await?;
-        let output = guard.run(body).await?;
-        if let Err(error) = guard.release().await {
-            tracing::error!(lock = %self.name, %error, "critical section finished, but its release failed");
+        // The hold's span covers the release too: it records how the hold
+        // ended, and a loss found by the release is logged inside it.
+        let span = guard.hold_span();
+        let output = guard.run_in(&span, body).await?;
+        let hold = Arc::clone(guard.hold());
+        match guard.release().instrument(span.clone()).await {
+            Ok(()) => {
+                span.record("lock.outcome", "released");
+            }
+            // Logged (once, at warn) in the span by the release.
+            Err(LockError::Lost { cause, .. }) => lost_in(&span, &hold, cause),
+            Err(error) => {
+                span.record("lock.outcome", "error");
+                span.in_scope(|| {
+                    tracing::error!(lock = %self.name, %error, "critical section finished, but its release failed")
+                });
+            }
         }
         Ok(output)
     }

@@ -23,7 +23,7 @@ pub enum OnLost {
     #[default]
     Stop,
     /// Let the body run to its end and return its output; the loss is logged
-    /// at error level. Unsafe for mutual exclusion: after the loss another
+    /// at warn level when the hold ends (its release). Unsafe for mutual exclusion: after the loss another
     /// holder may run at the same time as the rest of the body.
     Continue,
 }
@@ -114,22 +114,49 @@ impl LockGuard {
     ///
     /// Dropping the future drops `body`; the guard, and the lock, stay held.
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        let hold = Arc::clone(self.hold());
-        let stop_on_loss = hold.stop_on_loss;
-        // Every event of the body carries the lock's name and token.
+        let span = self.hold_span();
+        let result = self.run_in(&span, body).await;
+        if result.is_ok() {
+            // The body is done; this guard still holds the lock.
+            span.record("lock.outcome", "done");
+        }
+        result
+    }
+
+    /// The `lock.hold` span of a body run under this lock: every event of
+    /// the body carries the lock's name (and fencing token); when the hold
+    /// ends it records how (`lock.outcome`: `released`, `lost` with
+    /// `lock.lost_cause`, `error`, or `done` for a body whose guard still
+    /// holds the lock).
+    pub(crate) fn hold_span(&self) -> tracing::Span {
+        let hold = self.hold();
         let span = tracing::info_span!(
             "lock.hold",
             lock.name = %hold.name(),
             lock.fencing_token = tracing::field::Empty,
+            lock.outcome = tracing::field::Empty,
+            lock.lost_cause = tracing::field::Empty,
         );
         if let Some(token) = hold.fencing_token {
             span.record("lock.fencing_token", token);
         }
+        span
+    }
+
+    /// [`run`](LockGuard::run) in `span`. A loss is recorded in the span
+    /// and logged once, at warn, inside it.
+    pub(crate) async fn run_in<F: Future>(
+        &self,
+        span: &tracing::Span,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        let hold = Arc::clone(self.hold());
+        let stop_on_loss = hold.stop_on_loss;
         watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body)
-            .instrument(span)
+            .instrument(span.clone())
             .await
             .map_err(|cause| {
-                self.hold().count_loss(cause);
+                lost_in(span, self.hold(), cause);
                 LockError::Lost {
                     name: self.hold().name().to_owned(),
                     cause,
@@ -188,7 +215,9 @@ impl LockGuard {
             Ok(()) if outermost => {
                 crate::observe::released(hold.name(), hold.acquired_at.elapsed())
             }
-            Err(LockError::Lost { cause, .. }) if outermost => hold.count_loss(*cause),
+            Err(LockError::Lost { cause, .. }) if outermost => {
+                span.in_scope(|| hold.count_loss(*cause))
+            }
             _ => {}
         }
         span.record(
@@ -231,14 +260,20 @@ impl LockGuard {
         }
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
-            Some(cause @ (LostCause::Expired | LostCause::TakenOver)) => Err(LockError::Lost {
+            Some(
+                cause @ (LostCause::Expired
+                | LostCause::TakenOver
+                | LostCause::Deleted
+                | LostCause::Replaced),
+            ) => Err(LockError::Lost {
                 name: hold.name().to_owned(),
                 cause,
             }),
-            // Lost by the clock (the holder was told and stopped): the key
-            // may still hold our token, so delete it, and report the loss.
+            // Lost by the clock or by a refused renewal (the holder was
+            // told and stopped): the key may still hold our token, so
+            // delete it, and report the loss as it was first seen.
             Some(cause) => match release(&hold, false).await {
-                Ok(()) => Err(LockError::Lost {
+                Ok(()) | Err(LockError::Lost { .. }) => Err(LockError::Lost {
                     name: hold.name().to_owned(),
                     cause,
                 }),
@@ -310,6 +345,14 @@ impl LockGuard {
     }
 }
 
+/// Records in `span` (a `lock.hold` span) that the hold was lost, and logs
+/// it there once (with its metric).
+pub(crate) fn lost_in(span: &tracing::Span, hold: &Hold, cause: LostCause) {
+    span.record("lock.outcome", "lost");
+    span.record("lock.lost_cause", cause.label());
+    span.in_scope(|| hold.count_loss(cause));
+}
+
 impl Deref for LockGuard {
     type Target = HeldLock;
 
@@ -327,6 +370,11 @@ impl Drop for LockGuard {
         self.renewal.take();
         if self.armed {
             let hold = Arc::clone(self.hold());
+            if let Some(cause) = hold.reported_loss() {
+                // Lost and dropped (a body stopped, a `select!` on
+                // `lost()`): the holder has heard of it, the log has not.
+                hold.count_loss(cause);
+            }
             hold.mark_released();
             match self.cohort {
                 None => spawn_release(hold, self.releasing),

@@ -87,8 +87,11 @@ pub(crate) struct Hold {
     pub(crate) renewed: bool,
     /// When the acquiring command was sent.
     pub(crate) acquired_at: Instant,
-    /// The loss was counted in the metrics.
+    /// The loss was counted in the metrics and logged.
     loss_counted: AtomicBool,
+    /// What Redis answered when it refused a renewal (a permission, a
+    /// script error): logged with the loss.
+    refusal: OnceLock<String>,
     /// When the acquiring reply arrived: the key was set before this.
     pub(crate) confirmed_at: Instant,
     pub(crate) fencing_token: Option<u64>,
@@ -153,6 +156,7 @@ impl Hold {
             renewed,
             acquired_at: sent_at,
             loss_counted: AtomicBool::new(false),
+            refusal: OnceLock::new(),
             confirmed_at,
             fencing_token,
             hold_at_least,
@@ -236,18 +240,36 @@ impl Hold {
         self.valid_until.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// Counts the loss `cause` in the metrics, once per hold, when it is
-    /// returned to the holder.
+    /// Counts the loss `cause` in the metrics and logs it at warn, once
+    /// per hold, when it reaches the holder (its body stopped, its release,
+    /// its guard dropped). Called inside the hold's span where there is one
+    /// (`lock.hold`, or `lock.release`), so that the one event operators
+    /// look for names the lock, the cause and, for a refused renewal,
+    /// Redis's answer.
     pub(crate) fn count_loss(&self, cause: LostCause) {
-        if !self.loss_counted.swap(true, Ordering::AcqRel) {
-            crate::observe::lost(self.name(), cause);
+        if self.loss_counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        crate::observe::lost(self.name(), cause);
+        if cause == LostCause::Released {
+            return; // an entry that outlived its outer hold: not a loss of the lock
+        }
+        match self.refusal.get() {
+            Some(refusal) => tracing::warn!(
+                lock = %self.name(), cause = cause.label(), error = %refusal,
+                "lock lost: {cause}"
+            ),
+            None => tracing::warn!(
+                lock = %self.name(), cause = cause.label(),
+                "lock lost: {cause}"
+            ),
         }
     }
 
     /// Records the loss (the first cause wins) and wakes the holder. Only
-    /// renewed locks record losses. Not logged as an error here: the loss
-    /// is returned to the holder (its body's `Lost`, its release's), and a
-    /// failure is either returned or logged, never both.
+    /// renewed locks record losses. Logged when it reaches the holder
+    /// ([`count_loss`](Hold::count_loss)), not here: once per loss, however
+    /// many parts notice it.
     pub(crate) fn mark_lost(&self, cause: LostCause) {
         let first = self
             .lost
@@ -257,6 +279,13 @@ impl Hold {
             tracing::debug!(lock = %self.name(), cause = %cause, "lock lost; the holder is told");
         }
         self.wake();
+    }
+
+    /// Redis refused a renewal (`cause`: a permission, a script error; its
+    /// answer `error`): the lock cannot be kept, so it is lost now.
+    pub(crate) fn mark_refused(&self, cause: LostCause, error: &redis::RedisError) {
+        let _ = self.refusal.set(error.to_string());
+        self.mark_lost(cause);
     }
 
     /// The outermost holder released (or dropped) the lock: handles that

@@ -8,7 +8,7 @@ use std::time::Instant;
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::backend::{Found, Pass};
+use crate::backend::Pass;
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter, Wants};
 use crate::lease::hold::{drift_margin, fence_retention_ms, Acquired, Hold};
@@ -351,7 +351,8 @@ async fn handoff(
         .await?
     {
         Pass::Passed { fence, queued } => Ok((fence, queued)),
-        Pass::Refused(Found::Other) => Err(lost(LostCause::TakenOver)),
-        Pass::Refused(_) => Err(lost(LostCause::Expired)),
+        // Deleted or replaced while the passer's validity had time, else
+        // expired or taken over (`loss.rs`).
+        Pass::Refused(found) => Err(lost(crate::lease::loss::shown(hold, found, Instant::now()))),
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod cohort;
 pub(crate) mod guard;
 pub(crate) mod hold;
 pub(crate) mod local_handoff;
+pub(crate) mod loss;
 pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod watch;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Found;
-use crate::error::{LockError, LostCause};
+use crate::error::LockError;
 use crate::lease::hold::{drift_margin, Hold};
+use crate::lease::loss;
 
 /// Compare-and-delete (or, with `hold_at_least`, compare-and-keep), and wake
 /// the waiter the lock's mark names: one backend round trip, retried on a
@@ -25,6 +26,7 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
         .backend()
         .release(hold.kind, &hold.keys, &hold.token, keep_ms)
         .await?;
+    let answered = Instant::now();
     // An earlier attempt (of this call, or an earlier release) may have
     // done the work: finding the key gone or another's while the lock was
     // still valid is then a success.
@@ -48,8 +50,9 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
             }
             Ok(())
         }
-        Found::Gone => Err(lost(LostCause::Expired)),
-        Found::Other => Err(lost(LostCause::TakenOver)),
+        // Deleted or replaced while the validity had time, else expired
+        // or taken over (`loss.rs`).
+        found => Err(lost(loss::shown(hold, found, answered))),
     }
 }
 

@@ -7,7 +7,8 @@
 //! renews them together: one pipelined round trip carrying one script call
 //! per 100 locks. Each round trip has its own deadline. A lock whose renewal
 //! fails is retried shortly after, for as long as its validity lasts; a lock
-//! whose key is gone or held by another is marked lost at once.
+//! whose key is gone or held by another, or whose renewal Redis refuses (a
+//! permission, a script error), is marked lost at once.
 //!
 //! The driver task holds only a weak reference to its renewer: once the
 //! client and every lock it renews are gone, the renewer (and with it the
@@ -23,6 +24,7 @@ use tokio::sync::Notify;
 use crate::backend::{Backend, Found, RenewItem};
 use crate::error::LostCause;
 use crate::lease::hold::{drift_margin, Hold};
+use crate::lease::loss;
 
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
@@ -41,13 +43,15 @@ fn renew_interval(ttl: Duration) -> Duration {
 
 /// A renewal of `hold` failed or was not decided: tried again soon if
 /// there is time left, else dropped (the holder's own deadline reports the
-/// loss).
-fn retry_or_give_up(registry: &mut Registry, id: u64, hold: &Hold, now: Instant) {
+/// loss). Returns whether it was dropped.
+fn retry_or_give_up(registry: &mut Registry, id: u64, hold: &Hold, now: Instant) -> bool {
     let retry_at = now + retry_delay(hold.ttl);
     if retry_at + drift_margin(hold.ttl) < hold.valid_until() {
         registry.schedule(id, retry_at);
+        false
     } else {
         registry.remove(id);
+        true
     }
 }
 
@@ -85,8 +89,28 @@ pub struct RenewalStats {
     pub failed_round_trips: u64,
     /// Renewals confirmed only after the lock's local validity had run out.
     pub late_renewals: u64,
-    /// Locks the driver found lost (key gone or taken over).
+    /// Locks the driver saw lost, each counted once, whatever the cause:
+    /// the sum of `lost_in_redis`, `not_renewed`, `refused` and
+    /// `max_hold_reached`.
     pub lost: u64,
+    /// Lost locks whose renewal found the key gone or another holder's
+    /// token in it ([`Deleted`](crate::LostCause::Deleted),
+    /// [`Replaced`](crate::LostCause::Replaced), or, once the validity had
+    /// run out, [`Expired`](crate::LostCause::Expired),
+    /// [`TakenOver`](crate::LostCause::TakenOver)).
+    pub lost_in_redis: u64,
+    /// Lost locks whose validity ran out, or had no time left for another
+    /// try, without a confirmed renewal
+    /// ([`NotRenewed`](crate::LostCause::NotRenewed): Redis unreachable or
+    /// slow, this process paused).
+    pub not_renewed: u64,
+    /// Lost locks whose renewal Redis refused
+    /// ([`PermissionDenied`](crate::LostCause::PermissionDenied),
+    /// [`Refused`](crate::LostCause::Refused)).
+    pub refused: u64,
+    /// Locks whose renewals stopped at their `max_hold`
+    /// ([`MaxHold`](crate::LostCause::MaxHold)).
+    pub max_hold_reached: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +121,10 @@ struct Counters {
     failed_round_trips: AtomicU64,
     late_renewals: AtomicU64,
     lost: AtomicU64,
+    lost_in_redis: AtomicU64,
+    not_renewed: AtomicU64,
+    refused: AtomicU64,
+    max_hold_reached: AtomicU64,
 }
 
 struct Entry {
@@ -257,7 +285,26 @@ impl Renewer {
             failed_round_trips: load(&self.counters.failed_round_trips),
             late_renewals: load(&self.counters.late_renewals),
             lost: load(&self.counters.lost),
+            lost_in_redis: load(&self.counters.lost_in_redis),
+            not_renewed: load(&self.counters.not_renewed),
+            refused: load(&self.counters.refused),
+            max_hold_reached: load(&self.counters.max_hold_reached),
         }
+    }
+
+    /// Counts a lock the driver stops renewing because it is lost
+    /// (`cause`): once per lock, since its entry is removed with it.
+    fn count_lost(&self, cause: LostCause) {
+        let counters = &self.counters;
+        let by_cause = match cause {
+            LostCause::NotRenewed => &counters.not_renewed,
+            LostCause::MaxHold => &counters.max_hold_reached,
+            LostCause::PermissionDenied | LostCause::Refused => &counters.refused,
+            LostCause::Released => return, // not in the driver: never seen here
+            _ => &counters.lost_in_redis,
+        };
+        by_cause.fetch_add(1, Ordering::Relaxed);
+        counters.lost.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes every lock due by now or within its coalescing window; returns
@@ -282,10 +329,12 @@ impl Renewer {
                 // is told by its own deadline.
                 entry.hold.mark_max_hold_reached();
                 registry.remove(id);
+                self.count_lost(LostCause::MaxHold);
                 continue;
             }
-            if entry.hold.lost_cause(now).is_some() {
+            if let Some(cause) = entry.hold.lost_cause(now) {
                 registry.remove(id);
+                self.count_lost(cause);
                 continue;
             }
             if !entry.hold.is_settled() {
@@ -338,16 +387,19 @@ impl Renewer {
                     if !registry.entries.contains_key(id) {
                         continue; // released meanwhile: its result means nothing
                     }
-                    if hold.lost_cause(now).is_some() {
+                    if let Some(cause) = hold.lost_cause(now) {
                         // The holder was already told: a loss is final.
                         registry.remove(*id);
+                        self.count_lost(cause);
                         continue;
                     }
                     let Some(code) = code else {
                         // Not decided (over a quorum: too few answers):
                         // this lock alone is tried again.
                         undecided += 1;
-                        retry_or_give_up(&mut registry, *id, hold, now);
+                        if retry_or_give_up(&mut registry, *id, hold, now) {
+                            self.count_lost(LostCause::NotRenewed);
+                        }
                         continue;
                     };
                     match code {
@@ -358,14 +410,13 @@ impl Renewer {
                             hold.extend(sent_at);
                             registry.schedule(*id, sent_at + renew_interval(hold.ttl));
                         }
-                        lost => {
-                            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                        found => {
+                            // Gone or another's: deleted or replaced while
+                            // the validity had time, else expired.
+                            let cause = loss::shown(hold, found, now);
                             registry.remove(*id);
-                            hold.mark_lost(if lost == Found::Gone {
-                                LostCause::Expired
-                            } else {
-                                LostCause::TakenOver
-                            });
+                            self.count_lost(cause);
+                            hold.mark_lost(cause);
                         }
                     }
                 }
@@ -383,10 +434,27 @@ impl Renewer {
                 self.counters
                     .failed_round_trips
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying while the locks are valid");
+                let refused = loss::refused(&error);
+                match refused {
+                    // Answered the same way every time: the locks cannot
+                    // be kept. Each holder is told now, and logs it once.
+                    Some(_) => {
+                        tracing::debug!(%error, locks = batch.len(), "lock renewal refused by Redis")
+                    }
+                    None => {
+                        tracing::warn!(%error, locks = batch.len(), "lock renewal failed; retrying while the locks are valid")
+                    }
+                }
                 for (id, hold) in &batch {
-                    if registry.entries.contains_key(id) {
-                        retry_or_give_up(&mut registry, *id, hold, now);
+                    if !registry.entries.contains_key(id) {
+                        continue;
+                    }
+                    if let Some(cause) = refused {
+                        registry.remove(*id);
+                        self.count_lost(cause);
+                        hold.mark_refused(cause, &error);
+                    } else if retry_or_give_up(&mut registry, *id, hold, now) {
+                        self.count_lost(LostCause::NotRenewed);
                     }
                 }
             }

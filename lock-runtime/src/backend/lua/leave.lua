@@ -4,7 +4,7 @@
 -- Preceded by publish.lua, mark.lua and prune.lua.
 --
 -- KEYS[1] lock, KEYS[2] queue, KEYS[3] waiters. ARGV[1] the caller's entry.
--- Replies 1.
+-- Replies 1 (`{1, <error>}` when the ACL refused the message: told()).
 local first = redis.call('LINDEX', KEYS[2], '0') == ARGV[1]
 redis.call('LREM', KEYS[2], '0', ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -19,4 +19,4 @@ elseif first and head then
   local bar = string.find(head, '|', 1, true)
   publish_to(string.sub(head, 1, bar - 1), string.sub(head, bar + 1))
 end
-return 1
+return told(1)

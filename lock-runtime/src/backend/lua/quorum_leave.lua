@@ -7,6 +7,8 @@
 -- KEYS[1] lock, KEYS[2] fence (unused), KEYS[3] tickets, KEYS[4] waiters.
 -- ARGV[1] the caller's entry.
 -- Replies 1.
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 local was_first = redis.call('ZRANGE', KEYS[3], '0', '0')[1] == ARGV[1]
 local removed = redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
@@ -17,4 +19,4 @@ if was_first and redis.call('EXISTS', KEYS[1]) == 0 then
   local first = first_in_line(function() return now_ms end)
   if first then wake(first) end
 end
-return 1
+return told(1)

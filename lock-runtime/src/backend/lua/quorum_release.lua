@@ -14,6 +14,8 @@
 -- not listen on every node: what matters to the releaser is that a waiter
 -- was in line), 1 released (nobody in line), 0 the key was gone, -1 another
 -- holder's value is there (left untouched).
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 local held = redis.call('GET', KEYS[1])
 if held == false then return 0 end
 if held ~= ARGV[1] and string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return -1 end
@@ -24,4 +26,4 @@ local now_ms = math.floor(tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000)
 local first = first_in_line(function() return now_ms end)
 if not first or first == ARGV[2] then return 1 end
 wake(first)
-return 2
+return told(2)

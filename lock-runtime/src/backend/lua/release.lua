@@ -5,7 +5,8 @@
 -- KEYS[1] lock. ARGV[1] token.
 -- Preceded by publish.lua.
 -- Replies 2 released and the message was received by the waiter's client,
--- 1 released (nobody to wake, or nobody listening), 0 the key was gone
+-- 1 released (nobody to wake, or nobody listening; `{1, <error>}` when the
+-- ACL refused the message: publish.lua's told()), 0 the key was gone
 -- (expired), -1 another holder's token is there (left untouched).
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
@@ -21,4 +22,4 @@ local bar = string.find(waiter, '|', 1, true)
 if not bar then return 1 end
 -- 2 only if a client listens on the waiter's channel
 if publish_to(string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1)) > 0 then return 2 end
-return 1
+return told(1)

@@ -12,9 +12,11 @@
 -- Wake, as after rw_release: see wake() in rw_state.lua.
 --
 -- Preceded by shares.lua and rw_state.lua.
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 
 redis.call('LREM', KEYS[3], '0', ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 wake()
 settle()
-return 1
+return told(1)

@@ -26,6 +26,8 @@
 -- nobody. The gate is then made to match the queue (settle).
 --
 -- Preceded by shares.lua and rw_state.lua.
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 
 local token = ARGV[2]
 local held = redis.call('GET', KEYS[1])
@@ -46,7 +48,7 @@ if ARGV[1] == 'w' then
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
   wake()
   settle()
-  return 1
+  return told(1)
 end
 
 if held == 'r:' .. token then
@@ -54,7 +56,7 @@ if held == 'r:' .. token then
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
   wake()
   settle()
-  return 1
+  return told(1)
 end
 
 local expiry = tonumber(redis.call('ZSCORE', KEYS[2], token))
@@ -64,4 +66,4 @@ if expiry <= now_ms() then return 0 end
 if held ~= 'q' and redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 wake()
 settle()
-return 1
+return told(1)

@@ -13,8 +13,10 @@
 -- are told with ONE PUBLISH per channel of their space-separated tokens.
 --
 -- Preceded by shares.lua and semaphore.lua.
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 
 redis.call('LREM', KEYS[2], '0', ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 wake(capacity() or tonumber(ARGV[2]), ARGV[3] ~= '0')
-return 1
+return told(1)

@@ -18,6 +18,8 @@
 -- reopened with another capacity.
 --
 -- Preceded by shares.lua and semaphore.lua.
+-- When the ACL refused a message to a waiter, the reply is `{reply, <Redis's
+-- error>}` instead (publish.lua's told()).
 
 local member = ARGV[2] .. '|' .. ARGV[1]
 local expiry = tonumber(redis.call('ZSCORE', KEYS[1], member))
@@ -26,4 +28,4 @@ redis.call('ZREM', KEYS[1], member)
 local n = capacity()
 if expiry <= now_ms() then return 0 end
 wake(n, ARGV[3] ~= '0')
-return 1
+return told(1)

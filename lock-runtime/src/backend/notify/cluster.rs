@@ -167,7 +167,8 @@ async fn subscribe_slots(
     let failed = join_all(calls).await.into_iter().find_map(Result::err);
     match failed {
         Some(error) => {
-            if !warned.swap(true, Ordering::Relaxed) {
+            let refused = notifier.upgrade().is_some_and(|this| this.refused(&error));
+            if !refused && !warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(%error, "lock notifications: cannot subscribe; waiters fall back to timed retries until it can");
             }
             let last = pause.load(Ordering::Relaxed);

@@ -61,7 +61,7 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         let mut stream = match stream {
             Ok(stream) => stream,
             Err(error) => {
-                if failures == 0 {
+                if failures == 0 && !this.refused(&error) {
                     match &quorum {
                         Some((node, _)) => {
                             tracing::warn!(%error, node, "lock notifications unavailable from a quorum node; its releases do not wake waiters until it is back")

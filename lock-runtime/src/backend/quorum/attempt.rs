@@ -753,20 +753,45 @@ pub(super) fn unreachable(
         .iter()
         .map(|(node, silence)| format!("{}: {silence}", nodes[*node].label))
         .collect();
+    let text = format!(
+        "no majority of the quorum answered: {answers} of {} nodes did, {} are needed (not \
+         answering: {})",
+        nodes.len(),
+        nodes.quorum(),
+        which.join("; ")
+    );
+    // Nodes that refused the call (a permission, a script error) answer
+    // the same way every time: when they alone keep a majority away, the
+    // error is theirs, of their kind (so its advice and retries follow it).
+    let refusals: Vec<&redis::RedisError> = silent
+        .iter()
+        .filter_map(|(_, silence)| match silence {
+            Silence::Failed(LockError::Redis { source, .. })
+                if crate::backend::is_refusal(source) =>
+            {
+                Some(source)
+            }
+            _ => None,
+        })
+        .collect();
+    if refusals.len() > nodes.len() - nodes.quorum() {
+        let kind = refusals
+            .iter()
+            .map(|refusal| refusal.kind())
+            .find(|kind| *kind == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm))
+            .unwrap_or(redis::ErrorKind::Server(
+                redis::ServerErrorKind::ResponseError,
+            ));
+        return LockError::redis(
+            keys.name(),
+            operation,
+            (kind, "too many nodes of the quorum refused the call", text).into(),
+        );
+    }
     LockError::redis(
         keys.name(),
         operation,
-        std::io::Error::new(
-            kind,
-            format!(
-                "no majority of the quorum answered: {answers} of {} nodes did, {} are needed \
-                 (not answering: {})",
-                nodes.len(),
-                nodes.quorum(),
-                which.join("; ")
-            ),
-        )
-        .into(),
+        std::io::Error::new(kind, text).into(),
     )
 }
 

@@ -307,12 +307,15 @@ impl Backend for QuorumBackend {
                     let answer =
                         tokio::time::timeout(self.deadline, node.redis.renew(items, round_trips))
                             .await
-                            .ok()
-                            .and_then(Result::ok);
-                    node.saw(Some(answer.is_some()));
+                            .ok();
+                    node.saw(Some(matches!(answer, Some(Ok(_)))));
                     (i, answer)
                 })
                 .collect();
+            // Nodes that refused the renewal (a permission, a script
+            // error): answered the same way every time.
+            let mut refused = 0;
+            let mut refusal = None;
             let (quorum, nodes) = (self.nodes.quorum(), self.nodes.len());
             // Per lock: nodes that extended it, nodes that answered it was
             // not there (or another's); and the nodes yet to answer.
@@ -342,6 +345,15 @@ impl Backend for QuorumBackend {
                     None => pending.next().await,
                 };
                 let Some((node, answer)) = next else { break };
+                let answer = match answer {
+                    Some(Ok(answer)) => Some(answer),
+                    Some(Err(error)) if super::is_refusal(&error) => {
+                        refused += 1;
+                        refusal = Some(error);
+                        None
+                    }
+                    _ => None,
+                };
                 silent -= 1;
                 heard[node] = true;
                 if answer.is_none() {
@@ -379,6 +391,10 @@ impl Backend for QuorumBackend {
                     };
                     cutoff = Some(Instant::now() + patience);
                 }
+            }
+            if let Some(refusal) = refusal.filter(|_| refused > nodes - quorum) {
+                // Too many nodes refuse for a majority ever to confirm.
+                return Err(refusal);
             }
             let mut found = Vec::with_capacity(items.len());
             for i in 0..items.len() {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{found, RedisBackend};
 use crate::backend::scripts::{
-    evalsha, run, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
+    evalsha, run, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
 };
 use crate::backend::Release;
 use crate::error::LockError;
@@ -154,7 +154,7 @@ impl RedisBackend {
             "release",
             |mut connection, attempt| async move {
                 let sent_at = Instant::now();
-                let code: i64 = run(&QUORUM_RELEASE, cmd, &mut connection, scripts).await?;
+                let code = self.told(run(&QUORUM_RELEASE, cmd, &mut connection, scripts).await?);
                 Ok(Release {
                     found: found(code),
                     woke: code == 2,
@@ -180,7 +180,9 @@ impl RedisBackend {
             keys.name(),
             "leave the queue",
             |mut connection, _| async move {
-                run::<i64>(&QUORUM_LEAVE, cmd, &mut connection, scripts).await
+                run::<Told>(&QUORUM_LEAVE, cmd, &mut connection, scripts)
+                    .await
+                    .map(|told| self.told(told))
             },
         )
         .await

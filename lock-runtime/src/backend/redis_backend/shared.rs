@@ -5,7 +5,7 @@ use crate::backend::connection::Link;
 
 use super::RedisBackend;
 use crate::backend::scripts::{
-    evalsha, run, RW_ACQUIRE, RW_LEAVE, RW_RELEASE, SEMAPHORE_ACQUIRE, SEMAPHORE_LEAVE,
+    evalsha, run, Told, RW_ACQUIRE, RW_LEAVE, RW_RELEASE, SEMAPHORE_ACQUIRE, SEMAPHORE_LEAVE,
     SEMAPHORE_RELEASE,
 };
 use crate::backend::{Acquire, AcquireRequest, Found, Kind};
@@ -180,7 +180,7 @@ impl RedisBackend {
     ) -> redis::RedisResult<Found> {
         let scripts = self.connection.scripts();
         let bytes = 5 * keys.lock.len() + 48 + token.len();
-        let code: i64 = if let Kind::Semaphore { permits, fair, .. } = kind {
+        let told: Told = if let Kind::Semaphore { permits, fair, .. } = kind {
             let mut cmd = evalsha(&SEMAPHORE_RELEASE, 3, 6, bytes);
             cmd.arg(&keys.lock)
                 .arg(keys.queue())
@@ -197,7 +197,7 @@ impl RedisBackend {
                 .arg(keep_ms);
             run(&RW_RELEASE, &cmd, connection, scripts).await?
         };
-        Ok(match code {
+        Ok(match self.told(told) {
             1 => Found::Mine,
             0 => Found::Gone,
             _ => Found::Other,
@@ -236,7 +236,9 @@ impl RedisBackend {
             keys.name(),
             "leave the queue",
             |mut connection, _| async move {
-                run::<i64>(script, cmd, &mut connection, scripts).await
+                run::<Told>(script, cmd, &mut connection, scripts)
+                    .await
+                    .map(|told| self.told(told))
             },
         )
         .await
