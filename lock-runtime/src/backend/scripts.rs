@@ -286,6 +286,11 @@ pub(crate) static RENEW_SHARES: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(include_str!("lua/inspect.lua"), 65536));
 
+/// `lua/record.lua`: write (or delete) a client's holder record, in the
+/// background.
+pub(crate) static RECORD: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/record.lua"), 1 << 22));
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,7 +300,7 @@ mod tests {
     /// seen (a `NOSCRIPT` and a second round trip).
     #[test]
     fn every_script_has_its_own_bit() {
-        let scripts: [&LuaScript; 20] = [
+        let scripts: [&LuaScript; 21] = [
             &ACQUIRE,
             &RELEASE,
             &QUORUM_ACQUIRE,
@@ -316,6 +321,7 @@ mod tests {
             &RENEW_SHARES_ANY_SLOT,
             &RENEW_SHARES,
             &INSPECT,
+            &RECORD,
         ];
         let mut seen = 0u32;
         for script in scripts {

@@ -120,6 +120,7 @@ impl LockGuard {
         let span = tracing::info_span!(
             "lock.hold",
             lock.name = %hold.name(),
+            lock.holder = %hold.token_head(),
             lock.fencing_token = tracing::field::Empty,
         );
         if let Some(token) = hold.fencing_token {
@@ -186,7 +187,7 @@ impl LockGuard {
         let result = self.release_traced().instrument(span.clone()).await;
         match &result {
             Ok(()) if outermost => {
-                crate::observe::released(hold.name(), hold.acquired_at.elapsed())
+                crate::observe::hold_ended(hold.label(), "released", hold.acquired_at.elapsed())
             }
             Err(LockError::Lost { cause, .. }) if outermost => hold.count_loss(*cause),
             _ => {}
