@@ -278,7 +278,10 @@ impl Lock {
         span.record("lock.outcome", outcome);
         crate::observe::acquisition(self.label(), outcome, waited);
         if let Ok(guard) = &result {
-            span.record("lock.holder", guard.hold().token_head());
+            span.record(
+                "lock.holder",
+                tracing::field::display(guard.hold().token_head()),
+            );
             if let Some(token) = guard.fencing_token() {
                 span.record("lock.fencing_token", token);
             }
