@@ -336,3 +336,43 @@ async fn a_quorum_has_the_record_on_every_node() {
         .await;
     }
 }
+
+/// Holds taken one after another over a second are written together: at
+/// most one write of the record per 200 ms, not one per hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_taken_one_after_another_are_written_together() {
+    let server = RedisServer::start();
+    let client = Client::new(Config::new(server.url())).unwrap();
+    let started = std::time::Instant::now();
+    let mut guards = Vec::new();
+    const HOLDS: usize = 50;
+    for i in 0..HOLDS {
+        let lock = Lock::new(format!("spread:{i}")).client(client.clone());
+        guards.push(lock.try_acquire().await.unwrap());
+        // The workload: one new hold every 20 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = record_key(&client);
+    wait_until_async("every hold is recorded", LINE_TIMEOUT, || {
+        value(&redis(&server, &["HLEN", &key])) == Some((HOLDS + 6).to_string())
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let writes: u64 = commands(&server)
+        .iter()
+        .filter(|(name, _)| name == "evalsha" || name == "eval")
+        .map(|(_, calls)| calls)
+        .sum();
+    let most = elapsed.as_millis() as u64 / 200 + 3;
+    assert!(
+        writes <= most,
+        "{writes} writes of the record in {elapsed:?} for {HOLDS} holds"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    wait_until_async("the record is deleted", LINE_TIMEOUT, || {
+        !exists(&server, &key)
+    })
+    .await;
+}

@@ -10,8 +10,9 @@
 //! allocation) and a release removes it; a writer task, one per client,
 //! writes the table to Redis in the background:
 //!
-//! - only holds held for at least [`RECORD_AFTER`] (1 s): a hold released
-//!   sooner is never written, so locks taken and released at a high rate
+//! - only holds held for about [`RECORD_AFTER`] (1 s; those that reach it
+//!   within the next [`SETTLE`] go with the write): a hold released sooner
+//!   is never written, so locks taken and released at a high rate
 //!   cost no Redis command at all;
 //! - at most one write per [`SETTLE`] (200 ms) after a change (one
 //!   `record.lua` call: the holds added and removed since the last one, the
@@ -273,7 +274,9 @@ impl Holders {
 
     /// Reads the table: the holds to write (all recorded ones when `all`),
     /// the recorded holds still held, and when the next hold turns old
-    /// enough to be written.
+    /// enough to be written. A hold that turns old enough within
+    /// [`SETTLE`] is written now: holds taken one after another go in one
+    /// write, not one write each.
     fn read_table(&self, now: Instant, all: bool) -> Reading {
         let mut reading = Reading::default();
         for shard in &self.shards {
@@ -281,8 +284,8 @@ impl Holders {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             for (&id, live) in shard.iter_mut() {
-                if !live.recorded && now < live.taken + RECORD_AFTER {
-                    let due = live.taken + RECORD_AFTER;
+                if !live.recorded && now + SETTLE < live.taken + RECORD_AFTER {
+                    let due = live.taken + RECORD_AFTER - SETTLE;
                     reading.next_due = Some(reading.next_due.map_or(due, |at| at.min(due)));
                     continue;
                 }
@@ -403,7 +406,9 @@ impl Holders {
             return writer.retry.map(|(at, _)| at);
         }
         let whole = writer.whole;
-        let reading = self.read_table(now, whole);
+        let mut reading = self.read_table(now, whole);
+        // At most one write per SETTLE.
+        reading.next_due = reading.next_due.map(|at| at.max(now + SETTLE));
         let removed: Vec<u64> = writer
             .in_redis
             .keys()
