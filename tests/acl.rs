@@ -85,6 +85,32 @@ async fn the_minimal_rule_runs_every_primitive() {
     assert_eq!(one.renewal_stats().lost, 0);
 }
 
+/// The holder record (`lock:client:{<id>}`, under `~lock:*`) is written
+/// with the minimal rule: HSET, HDEL, EXISTS, DEL and PEXPIRE in its script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimal_rule_writes_the_holder_record() {
+    let server = RedisServer::start();
+    let client = user(&server, "locker", &rule());
+    let guard = Lock::new("recorded")
+        .caller("acl::recorded")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let record = format!("lock:client:{{{}}}", client.id());
+    let field = format!("h:{}", &guard.token()[..16]);
+    wait_until_async("the hold is recorded", LINE_TIMEOUT, || {
+        value(&redis(&server, &["HGET", &record, &field]))
+            .is_some_and(|hold| hold.ends_with("|lock|acl::recorded|recorded"))
+    })
+    .await;
+    guard.release().await.unwrap();
+    wait_until_async("the record is deleted (HDEL, DEL)", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", &record]) == ":0\r\n"
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_permission_is_named_at_once() {
     let server = RedisServer::start();

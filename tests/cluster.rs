@@ -346,9 +346,11 @@ async fn renewals_take_one_round_trip_per_primary() {
     );
     // 340 holds on 3 primaries: a call renews up to 100 locks, or 100
     // shares, of one primary whatever their slots (at most 3 calls per
-    // primary a batch; one per slot would be ~340).
+    // primary a batch; one per slot would be ~340). The client's holder
+    // record comes on top: at most one write per 200 ms (2 s: 10, and 2
+    // for a write in flight at each end).
     assert!(
-        script_calls <= 9 * batches,
+        script_calls <= 9 * batches + 12,
         "{script_calls} script calls for {batches} renewal batches"
     );
     assert_eq!(after.lost, 0);

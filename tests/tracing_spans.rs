@@ -121,6 +121,7 @@ async fn spans_say_what_each_step_did() {
         .await
         .unwrap();
     let token = guard.fencing_token().unwrap();
+    let holder = guard.token().to_owned();
     let busy = Lock::new("traced")
         .client(client.clone())
         .try_acquire()
@@ -143,6 +144,10 @@ async fn spans_say_what_each_step_did() {
         .iter()
         .all(|fields| fields["lock.name"] == "traced"));
     assert_eq!(acquired[0]["lock.fencing_token"], token.to_string());
+    // The holder: the token lockctl shows, which names the holder's client.
+    assert_eq!(acquired[0]["lock.holder"], holder);
+    assert!(holder.ends_with(client.id()));
+    assert!(!acquired[1].contains_key("lock.holder"), "busy: no holder");
     assert!(acquired[2]["lock.waited_ms"].parse::<u64>().unwrap() >= 50);
     let released = seen.spans("lock.release");
     assert_eq!(released.len(), 1);
@@ -161,6 +166,9 @@ async fn spans_say_what_each_step_did() {
         .find(|(_, message, _)| message == "inside the body")
         .unwrap();
     assert_eq!(in_spans["lock.hold.lock.name"], "traced-body");
+    let body_holder = &in_spans["lock.hold.lock.holder"];
+    assert_eq!(body_holder.len(), 32, "{body_holder}");
+    assert!(body_holder.ends_with(client.id()), "{body_holder}");
     assert!(in_spans["lock.hold.lock.fencing_token"]
         .parse::<u64>()
         .is_ok());

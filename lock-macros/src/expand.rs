@@ -130,6 +130,9 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         LockKind::Semaphore(_) => lock = quote!(#lock.take(1)),
     }
     let name = sig.ident.to_string();
+    // The key as written: the `lock` label of the metrics (never a
+    // rendered id).
+    let template = &args.key;
     // Naming the return type makes a return type the runtime cannot use an
     // error at the return type, naming it as written.
     let run = match &sig.output {
@@ -158,6 +161,7 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
             #run(
                 #lock,
                 ::core::concat!(::core::module_path!(), "::", #name),
+                #template,
                 async move #block,
             )
             .await

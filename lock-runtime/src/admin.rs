@@ -33,10 +33,10 @@
 //! token on a minority is an attempt that failed (being given back) or is
 //! under way. Every node must answer.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 
@@ -44,6 +44,10 @@ use crate::backend::{Found, Kind, Snapshot};
 use crate::client::Client;
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
+use crate::lease::holders::{
+    hold_field, record_key, FIELD_HOST, FIELD_INSTANCE, FIELD_PID, FIELD_STARTED, FIELD_VERSION,
+};
+use crate::token::client_of;
 
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: u32 = 1000;
@@ -163,6 +167,44 @@ pub struct Holder {
     /// over a quorum, the holder holds the lock only when this is a
     /// majority.
     pub nodes: usize,
+    /// Who the holder is, from its client's holder record: its instance,
+    /// host and process, and (once it has held the lock for a second) the
+    /// function that took it and since when. `None` when there is no
+    /// record: its process has not refreshed it for a minute (it died, or
+    /// cannot reach Redis), its client runs a version of this crate
+    /// without records, or its Redis user may not write it.
+    pub record: Option<HolderRecord>,
+}
+
+/// Who holds a lock, as the holder's client wrote it in its holder record
+/// (`<prefix>client:{<client id>}`, written in the background while the
+/// client holds locks; docs/design.md §1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderRecord {
+    /// The client's id: the last 16 hex digits of its tokens
+    /// ([`Client::id`]).
+    pub client: String,
+    /// The name of the holder's process: [`Config::instance`](crate::Config::instance),
+    /// by default `<host name>:<pid>`.
+    pub instance: String,
+    /// The host name of the holder's machine.
+    pub host: String,
+    /// The holder's process id, on that host.
+    pub pid: Option<u32>,
+    /// The version of this crate in the holder's process.
+    pub version: String,
+    /// When the holder's client was built (its clock).
+    pub client_started: Option<SystemTime>,
+    /// The function that took the lock: the annotated function's path
+    /// (`my_service::orders::settle`), or what the manual API gave to
+    /// [`Lock::caller`](crate::Lock::caller). `None` when the lock was taken
+    /// without one, or its hold is not in the record (yet: a hold is
+    /// written once it has been held for a second).
+    pub function: Option<String>,
+    /// When the lock was taken (the holder's clock), when its hold is in
+    /// the record.
+    pub since: Option<SystemTime>,
 }
 
 impl Holder {
@@ -338,11 +380,12 @@ impl Client {
             .filter(|name| name.starts_with(prefix))
             .collect();
         let mut locks: Vec<LockInfo> = stream::iter(names)
-            .map(|name| async move { self.lock_info(&name).await })
+            .map(|name| async move { self.read_locks(&name).await })
             .buffered(READS_AT_ONCE)
             .try_concat()
             .await?;
         locks.sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));
+        self.attach_records(&mut locks).await?;
         Ok(locks)
     }
 
@@ -359,6 +402,40 @@ impl Client {
     /// refuses the script (with an ACL, the user needs `+zcount` beside the
     /// library's own rule).
     pub async fn lock_info(&self, name: &str) -> Result<Vec<LockInfo>, LockError> {
+        let mut locks = self.read_locks(name).await?;
+        self.attach_records(&mut locks).await?;
+        Ok(locks)
+    }
+
+    /// Who each holder of `locks` is ([`Holder::record`]): one `HGETALL`
+    /// per holders' client (over a quorum, on every node, merged).
+    async fn attach_records(&self, locks: &mut [LockInfo]) -> Result<(), LockError> {
+        let clients: BTreeSet<String> = locks
+            .iter()
+            .flat_map(|lock| &lock.holders)
+            .filter_map(|holder| client_of(&holder.token).map(str::to_owned))
+            .collect();
+        let prefix = self.key_prefix();
+        let records: HashMap<String, Vec<(String, String)>> = stream::iter(clients)
+            .map(|client| async move {
+                let key = record_key(prefix, &client);
+                let fields = self.core().backend().read_record(&key).await?;
+                Ok::<_, LockError>((client, fields))
+            })
+            .buffered(READS_AT_ONCE)
+            .try_collect()
+            .await?;
+        for holder in locks.iter_mut().flat_map(|lock| &mut lock.holders) {
+            holder.record = client_of(&holder.token)
+                .and_then(|client| Some((client, records.get(client)?)))
+                .and_then(|(client, fields)| parse_record(client, fields, &holder.token));
+        }
+        Ok(())
+    }
+
+    /// The locks of `name` as Redis has them, without their holders'
+    /// records.
+    async fn read_locks(&self, name: &str) -> Result<Vec<LockInfo>, LockError> {
         let prefix = self.key_prefix();
         let exclusive = LockKeys::new(prefix, name, "")?;
         let rw = LockKeys::new(prefix, name, LockKind::ReadWrite.suffix())?;
@@ -573,6 +650,46 @@ fn lock_name(prefix: &str, key: &str) -> Option<String> {
     })
 }
 
+/// The holder record's `fields` (of the client `client`), for the holder
+/// whose token is `token`; `None` when there is no record.
+fn parse_record(client: &str, fields: &[(String, String)], token: &str) -> Option<HolderRecord> {
+    if fields.is_empty() {
+        return None;
+    }
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let at = |ms: &str| {
+        ms.parse::<u64>()
+            .ok()
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+    };
+    // `<taken at ms>|<kind>|<function>|<name>`.
+    let hold = field(&hold_field(token)).map(|value| value.splitn(4, '|').collect::<Vec<_>>());
+    let function = hold
+        .as_ref()
+        .and_then(|parts| parts.get(2))
+        .filter(|function| !function.is_empty())
+        .map(|function| (*function).to_owned());
+    let since = hold
+        .as_ref()
+        .and_then(|parts| parts.first())
+        .and_then(|ms| at(ms));
+    Some(HolderRecord {
+        client: client.to_owned(),
+        instance: field(FIELD_INSTANCE).unwrap_or("unknown").to_owned(),
+        host: field(FIELD_HOST).unwrap_or("unknown").to_owned(),
+        pid: field(FIELD_PID).and_then(|pid| pid.parse().ok()),
+        version: field(FIELD_VERSION).unwrap_or("unknown").to_owned(),
+        client_started: field(FIELD_STARTED).and_then(at),
+        function,
+        since,
+    })
+}
+
 /// Milliseconds left, `None` for a negative `PTTL` (no key, no expiry).
 fn millis(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
@@ -586,6 +703,7 @@ fn read_kind(snapshot: &Snapshot, kind: LockKind, name: &str, key: &str) -> Opti
         role,
         ttl,
         nodes: 1,
+        record: None,
     };
     // A share's expiry on the server clock.
     let left = |expiry: f64| {
@@ -720,6 +838,42 @@ mod tests {
         ] {
             assert_eq!(lock_name("lock:", key).as_deref(), name, "{key}");
         }
+    }
+
+    #[test]
+    fn reads_a_holder_record() {
+        let token = "0123456789abcdefaaaaaaaaaaaaaaaa";
+        assert_eq!(client_of(token), Some("aaaaaaaaaaaaaaaa"));
+        let fields: Vec<(String, String)> = [
+            ("client", "aaaaaaaaaaaaaaaa"),
+            ("instance", "web-1"),
+            ("host", "h1"),
+            ("pid", "42"),
+            ("started_ms", "1000"),
+            ("version", "0.1.0"),
+            ("h:0123456789abcdef", "5000|lock|app::settle|order:a|b"),
+        ]
+        .into_iter()
+        .map(|(field, value)| (field.to_owned(), value.to_owned()))
+        .collect();
+        let record = parse_record("aaaaaaaaaaaaaaaa", &fields, token).unwrap();
+        assert_eq!(record.instance, "web-1");
+        assert_eq!((record.host.as_str(), record.pid), ("h1", Some(42)));
+        assert_eq!(record.function.as_deref(), Some("app::settle"));
+        assert_eq!(record.since, Some(UNIX_EPOCH + Duration::from_secs(5)));
+        assert_eq!(
+            record.client_started,
+            Some(UNIX_EPOCH + Duration::from_secs(1))
+        );
+        // Another hold of the same client: known process, unknown function.
+        let other = parse_record(
+            "aaaaaaaaaaaaaaaa",
+            &fields,
+            "ffffffffffffffffaaaaaaaaaaaaaaaa",
+        )
+        .unwrap();
+        assert_eq!((other.function, other.since), (None, None));
+        assert!(parse_record("aaaaaaaaaaaaaaaa", &[], token).is_none());
     }
 
     #[test]

@@ -75,11 +75,16 @@ fn log_skip(error: &LockError, function: &'static str) {
 }
 
 /// Runs `body` under `lock`, or returns the not-acquired value of `R`.
+/// `function` is the annotated function's path (the holder record's
+/// function), `template` the attribute's key as written (`order:<id>`: the
+/// `lock` label of its metrics, one series whatever the ids).
 pub async fn run<R: NotAcquired>(
     lock: Lock,
     function: &'static str,
+    template: &'static str,
     body: impl Future<Output = R>,
 ) -> R {
+    let lock = lock.caller(function).metric_label(template);
     match lock.run(body).await {
         Ok(output) => output,
         Err(error) => R::not_acquired(error, function),

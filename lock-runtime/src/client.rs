@@ -11,10 +11,12 @@ use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Target as CallTa
 use crate::backend::{Notifier, NotifyTransport as Transport};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
+use crate::lease::holders::Identity;
 use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
 use crate::redact::redact_url;
 use crate::tls::{self, TlsSettings};
+use crate::token::new_client_id;
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -41,6 +43,9 @@ pub struct Config {
     /// Certificates of the TLS connections (`rediss://`): whom to trust,
     /// whom to show.
     tls: TlsSettings,
+    /// The name the holder record gives this client's process (default
+    /// `<host name>:<pid>`).
+    instance: Option<String>,
 }
 
 impl Config {
@@ -75,6 +80,7 @@ impl Config {
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             acknowledged: None,
             tls: TlsSettings::default(),
+            instance: None,
         }
     }
 
@@ -206,6 +212,17 @@ impl Config {
         self
     }
 
+    /// The name of this client's process in its holder record, which
+    /// `lockctl list` / `show` print beside each of its locks (with the host,
+    /// the process id, the function that took the lock and since when):
+    /// e.g. the service and its replica, `"orders-7f9c4-2"`. Default:
+    /// `<host name>:<pid>`. Checked by [`Client::new`]: not empty, at most
+    /// 256 bytes, no control characters.
+    pub fn instance(mut self, name: impl Into<String>) -> Self {
+        self.instance = Some(name.into());
+        self
+    }
+
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
         if self.is_cluster() {
@@ -291,6 +308,21 @@ impl Config {
                 ));
             }
         }
+        if let Some(instance) = &self.instance {
+            if instance.is_empty()
+                || instance.len() > MAX_INSTANCE_LEN
+                || instance.chars().any(char::is_control)
+            {
+                return Err(invalid(
+                    "instance",
+                    format!(
+                        "`{}` cannot name a process: give from 1 to {MAX_INSTANCE_LEN} bytes \
+                         without control characters",
+                        instance.escape_debug()
+                    ),
+                ));
+            }
+        }
         if self.key_prefix.contains(['{', '}']) {
             return Err(invalid(
                 "key_prefix",
@@ -304,6 +336,9 @@ impl Config {
     }
 }
 
+/// The longest instance name accepted, in bytes.
+const MAX_INSTANCE_LEN: usize = 256;
+
 /// The longest connect or response timeout accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -314,6 +349,7 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("key_prefix", &self.key_prefix)
+            .field("instance", &self.instance)
             .field("acknowledged", &self.acknowledged)
             .field("tls", &self.tls)
             .finish()
@@ -455,7 +491,8 @@ impl Client {
             Transport::Node(seeds)
         };
         let notifier = Notifier::new(transport, call_deadline(&config))?;
-        let core = Core::new(backend, notifier, config.key_prefix.clone());
+        let identity = Identity::new(new_client_id()?, config.instance.clone());
+        let core = Core::new(backend, notifier, config.key_prefix.clone(), identity);
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),
         })
@@ -464,6 +501,20 @@ impl Client {
     /// The configuration this client was built with.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// This client's id: 16 hex digits drawn when it was built, the end of
+    /// every token it hands out ([`HeldLock::token`](crate::HeldLock::token))
+    /// and the hash tag of its holder record (`<prefix>client:{<id>}`), where
+    /// lockctl finds which process holds a lock.
+    pub fn id(&self) -> &str {
+        self.inner.core.client_id()
+    }
+
+    /// The name of this client's process in its holder record
+    /// ([`Config::instance`], default `<host name>:<pid>`).
+    pub fn instance(&self) -> &str {
+        &self.inner.core.holders().identity().instance
     }
 
     /// Counters of this client's renewal driver.

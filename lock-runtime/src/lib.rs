@@ -32,3 +32,5 @@ pub use lease::guard::{LockGuard, OnLost};
 pub use lease::renewal::RenewalStats;
 pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
+#[cfg(feature = "metrics")]
+pub use observe::describe_metrics;

@@ -41,11 +41,17 @@ const ABOUT: &str = "Inspect and operate the Redis locks of lock-runtime (#[dist
 
 const AFTER: &str = "\
 The Redis URL comes from --url or REDIS_URL: redis://[user:password@]host:port/db, \
-rediss:// (TLS, when built with the `tls` feature), redis-cluster://host1:port1,host2:port2 \
-or redis-quorum://h1:p1,h2:p2,h3:p3. Passwords are never printed.
+rediss:// (TLS: lockctl built with its `tls-rustls` feature, `cargo install --path lockctl \
+--features tls-rustls`), redis-cluster://host1:port1,host2:port2 or \
+redis-quorum://h1:p1,h2:p2,h3:p3. Passwords are never printed.
 
-Exit codes: 0 done; 1 failed (Redis unreachable, bad URL, ...); 2 usage error (or release \
-without --force); 3 nothing released (not held, the holder changed, or not confirmed).";
+HOLDER is the head of the holder's token; INSTANCE, SINCE and FUNCTION come from the holder's \
+record, which its process keeps in Redis while it holds locks: \"unknown (no record)\" means \
+that process has not written it for a minute (it died or cannot reach Redis).
+
+Exit codes: 0 done; 1 failed (Redis unreachable, bad URL, `show` of a lock that is not \
+there, ...); 2 usage error (or release without --force); 3 nothing released (not held, the \
+holder changed, or not confirmed).";
 
 fn cli() -> Clap {
     let global = |arg: Arg| arg.global(true);
@@ -83,12 +89,15 @@ fn cli() -> Clap {
         .subcommand(
             Clap::new("list")
                 .about("List the locks whose name starts with PREFIX (all without it)")
-                .arg(Arg::new("prefix").value_name("PREFIX").default_value("")),
+                .arg(prefix_arg()),
         )
         .subcommand(
             Clap::new("show")
-                .about("Show one lock: every holder's full token, ttl, waiters, fencing counter")
-                .arg(Arg::new("name").value_name("NAME").required(true)),
+                .about(
+                    "Show one lock: every holder's full token, ttl and record (instance, host, \
+                     pid, function, since), waiters, fencing counter; exit 1 if it is not there",
+                )
+                .arg(name_arg("The lock's name, as its users give it (order:42)")),
         )
         .subcommand(
             Clap::new("release")
@@ -96,7 +105,7 @@ fn cli() -> Clap {
                     "Release a lock on its holder's behalf (needs --force; asks for \
                      confirmation unless --yes)",
                 )
-                .arg(Arg::new("name").value_name("NAME").required(true))
+                .arg(name_arg("The name of the lock to release (order:42)"))
                 .arg(
                     Arg::new("force")
                         .long("force")
@@ -120,8 +129,11 @@ fn cli() -> Clap {
         )
         .subcommand(
             Clap::new("watch")
-                .about("List the locks again and again until Ctrl-C")
-                .arg(Arg::new("prefix").value_name("PREFIX").default_value(""))
+                .about(
+                    "List the locks again and again until Ctrl-C (with --json, one line per \
+                     refresh, with its time)",
+                )
+                .arg(prefix_arg())
                 .arg(
                     Arg::new("interval")
                         .long("interval")
@@ -139,6 +151,23 @@ fn cli() -> Clap {
                         .help("Stop after N refreshes"),
                 ),
         )
+}
+
+/// The optional `PREFIX` of `list` and `watch`.
+fn prefix_arg() -> Arg {
+    Arg::new("prefix")
+        .value_name("PREFIX")
+        .default_value("")
+        .hide_default_value(true)
+        .help("Only the locks whose name starts with PREFIX (order: for order:42); all without it")
+}
+
+/// The `NAME` of `show` and `release`.
+fn name_arg(help: &'static str) -> Arg {
+    Arg::new("name")
+        .value_name("NAME")
+        .required(true)
+        .help(help)
 }
 
 /// The command line, parsed; clap prints help or a usage error and exits
@@ -215,6 +244,31 @@ mod tests {
 
     fn parsed(args: &[&str]) -> Result<(Global, Command), clap::Error> {
         cli().try_get_matches_from(args).map(from)
+    }
+
+    /// `lockctl <command> --help` explains every argument.
+    #[test]
+    fn every_argument_has_help() {
+        let cli = cli();
+        let mut checked = 0;
+        for command in std::iter::once(&cli).chain(cli.get_subcommands()) {
+            assert!(
+                command.get_about().is_some() || command.get_name() == "lockctl",
+                "{} has no about",
+                command.get_name()
+            );
+            for arg in command.get_arguments() {
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|help| !help.to_string().is_empty()),
+                    "`{}` of `{}` has no help",
+                    arg.get_id(),
+                    command.get_name()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 12, "{checked}");
     }
 
     #[test]

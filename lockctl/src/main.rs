@@ -10,10 +10,10 @@ mod output;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use lock_runtime::admin::{LockInfo, LockKind, ReleaseOutcome};
-use lock_runtime::{Client, Config, LockError, REDIS_URL_ENV};
+use lock_runtime::{Client, Config, ConfigError, LockError, REDIS_URL_ENV};
 
 use args::{Command, Global};
 
@@ -26,8 +26,8 @@ const NOTHING_RELEASED: u8 = 3;
 struct Failure {
     code: u8,
     message: String,
-    /// Redis could not be reached or refused: the message names where.
-    redis: bool,
+    /// A library error, told as what lockctl was doing ([`failure`]).
+    error: Option<LockError>,
 }
 
 impl Failure {
@@ -35,19 +35,76 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
-            redis: false,
+            error: None,
+        }
+    }
+
+    /// `error` from a call to Redis, to be told as what lockctl was doing.
+    fn redis(error: LockError) -> Failure {
+        Failure {
+            error: Some(error),
+            ..Failure::new(FAILED, String::new())
         }
     }
 }
 
-impl From<LockError> for Failure {
-    fn from(error: LockError) -> Failure {
-        // The library's messages say what happened and what to do, and
-        // never carry a password.
-        Failure {
-            redis: matches!(error, LockError::Redis { .. }),
-            ..Failure::new(FAILED, error.to_string())
-        }
+/// `error`, met while lockctl tried to `action` (`list the locks`, `read
+/// lock `x``) on the Redis at `url` (password masked), as a message that
+/// says what failed and how to fix it.
+fn failure(action: &str, url: &str, error: LockError) -> Failure {
+    let LockError::Redis { source, .. } = &error else {
+        return Failure::new(FAILED, format!("cannot {action}: {error}"));
+    };
+    let advice = if source.is_connection_refusal() {
+        format!(
+            "nothing accepts connections at {url} ({source}): start Redis there, or give its \
+             address with --url or {REDIS_URL_ENV}"
+        )
+    } else if source.is_timeout() {
+        format!(
+            "{url} did not answer in time ({source}): check the host, the port and any \
+             firewall (a TLS port needs a rediss:// URL); for a slow link, raise --timeout"
+        )
+    } else if source.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(source.code(), Some("WRONGPASS" | "NOAUTH"))
+    {
+        format!(
+            "the Redis at {url} refused the credentials ({source}): check the user name and \
+             password in the URL"
+        )
+    } else if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || source.code() == Some("NOPERM")
+    {
+        format!(
+            "the Redis user of {url} lacks a permission ({source}): lockctl needs the \
+             library's ACL rule plus +scan +zcount +hgetall (README, \"Operating: lockctl\")"
+        )
+    } else if source.is_io_error() || source.is_connection_dropped() {
+        format!(
+            "cannot talk to the Redis at {url} ({source}): check the host name and port in \
+             --url or {REDIS_URL_ENV}, and that Redis is up"
+        )
+    } else {
+        format!("the Redis at {url} answered with an error: {source}")
+    };
+    Failure::new(FAILED, format!("cannot {action}: {advice}"))
+}
+
+/// The failure of a client that could not be built from the URL: a
+/// `rediss://` URL in a build without TLS says how to build lockctl with
+/// it.
+fn config_failure(error: LockError) -> Failure {
+    match error {
+        LockError::Config(ConfigError::TlsNotBuiltIn { url }) => Failure::new(
+            FAILED,
+            format!(
+                "`{url}` needs TLS, and this lockctl was built without it: build it with its \
+                 `tls-rustls` feature (`cargo install --path lockctl --features tls-rustls`, \
+                 or in the workspace `cargo build --release -p lockctl --features tls-rustls`), \
+                 or use a redis:// URL for a server without TLS"
+            ),
+        ),
+        error => Failure::new(FAILED, error.to_string()),
     }
 }
 
@@ -74,31 +131,56 @@ fn main() -> ExitCode {
 
 async fn run(global: Global, command: Command) -> Result<(), Failure> {
     let client = connect(&global)?;
+    let url = client.config().redacted_url();
+    let action = match &command {
+        Command::List { prefix } | Command::Watch { prefix, .. } => locks_named(prefix),
+        Command::Show { name } => format!("read lock `{name}`"),
+        Command::Release { name, .. } => format!("release lock `{name}`"),
+    };
+    // A library error is told as what was being done, and where (the
+    // password masked).
     run_on(&client, global, command)
         .await
-        .map_err(|mut failure| {
-            if failure.redis {
-                // Where, with the password masked.
-                failure.message =
-                    format!("on {}: {}", client.config().redacted_url(), failure.message);
-            }
-            failure
+        .map_err(|failure| match failure.error {
+            Some(error) => self::failure(&action, &url, error),
+            None => failure,
         })
+}
+
+/// `list the locks` (all, or those whose name starts with `prefix`).
+fn locks_named(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "list the locks".to_owned()
+    } else {
+        format!("list the locks `{prefix}*`")
+    }
 }
 
 async fn run_on(client: &Client, global: Global, command: Command) -> Result<(), Failure> {
     match command {
         Command::List { prefix } => {
-            let locks = client.inspect(&prefix).await?;
+            let locks = client.inspect(&prefix).await.map_err(Failure::redis)?;
             print(&render(&global, &locks));
             Ok(())
         }
         Command::Show { name } => {
-            let locks = client.lock_info(&name).await?;
+            let locks = client.lock_info(&name).await.map_err(Failure::redis)?;
+            if locks.is_empty() {
+                if global.json {
+                    print("[]\n");
+                }
+                return Err(Failure::new(
+                    FAILED,
+                    format!(
+                        "lock `{name}` not found: Redis has no key of it (no holder, no waiter, \
+                         no fencing counter: it is free)"
+                    ),
+                ));
+            }
             let text = if global.json {
                 output::json(&locks)
             } else {
-                output::details(&name, &locks)
+                output::details(&locks, SystemTime::now())
             };
             print(&text);
             Ok(())
@@ -142,14 +224,14 @@ fn connect(global: &Global) -> Result<Client, Failure> {
     if let Some(timeout) = global.timeout {
         config = config.connect_timeout(timeout).response_timeout(timeout);
     }
-    Ok(Client::new(config)?)
+    Client::new(config).map_err(config_failure)
 }
 
 fn render(global: &Global, locks: &[LockInfo]) -> String {
     if global.json {
         output::json(locks)
     } else {
-        output::table(locks)
+        output::table(locks, SystemTime::now())
     }
 }
 
@@ -180,7 +262,7 @@ async fn release(
             ),
         ));
     }
-    let locks = client.lock_info(name).await?;
+    let locks = client.lock_info(name).await.map_err(Failure::redis)?;
     let lock = match kind {
         Some(kind) => locks.into_iter().find(|lock| lock.kind == kind),
         None => {
@@ -212,7 +294,25 @@ async fn release(
             let ttl = holder
                 .ttl
                 .map_or_else(|| "no expiry".to_owned(), output::duration);
-            format!("{} ({}, ttl {ttl})", holder.token_head(), holder.role)
+            let who = holder.record.as_ref().map_or_else(
+                || format!("instance {}", output::NO_RECORD),
+                |record| {
+                    format!(
+                        "instance {}, host {}, pid {}, function {}",
+                        record.instance,
+                        record.host,
+                        record
+                            .pid
+                            .map_or_else(|| "unknown".to_owned(), |pid| pid.to_string()),
+                        record.function.as_deref().unwrap_or("unknown")
+                    )
+                },
+            );
+            format!(
+                "{} ({}, ttl {ttl}; {who})",
+                holder.token_head(),
+                holder.role
+            )
         })
         .collect();
     eprintln!(
@@ -231,7 +331,10 @@ async fn release(
     }
     let mut released = 0;
     for holder in &holders {
-        let outcome = client.release_holder(name, lock.kind, holder).await?;
+        let outcome = client
+            .release_holder(name, lock.kind, holder)
+            .await
+            .map_err(Failure::redis)?;
         if matches!(outcome, ReleaseOutcome::Released { .. }) {
             released += 1;
         }
@@ -248,7 +351,7 @@ async fn release(
             std::env::var("USER")
                 .or_else(|_| std::env::var("LOGNAME"))
                 .unwrap_or_else(|_| "an unknown user".to_owned()),
-            clock(),
+            output::rfc3339(SystemTime::now()),
             client.config().redacted_url()
         );
     }
@@ -285,34 +388,38 @@ async fn watch(
     count: Option<u64>,
 ) -> Result<(), Failure> {
     let terminal = std::io::stdout().is_terminal() && !global.json;
+    let url = client.config().redacted_url();
     let mut refresh = 0u64;
     loop {
         refresh += 1;
         let result = client.inspect(prefix).await;
+        let now = SystemTime::now();
+        let last = result.map_err(|error| failure(&locks_named(prefix), &url, error));
         let mut text = String::new();
-        if terminal {
-            text.push_str("\x1b[2J\x1b[H"); // clear the screen
-        }
-        if !global.json {
+        if global.json {
+            // One JSON object per line, each with its time.
+            let locks = last.as_ref().map(Vec::as_slice);
+            let error = last.as_ref().err().map(|failure| failure.message.as_str());
+            text = output::watch_line(now, refresh, error.map_or(Ok(locks.unwrap_or(&[])), Err));
+        } else {
+            if terminal {
+                text.push_str("\x1b[2J\x1b[H"); // clear the screen
+            }
             let which = if prefix.is_empty() {
                 "all locks".to_owned()
             } else {
                 format!("locks `{prefix}*`")
             };
             text.push_str(&format!(
-                "lockctl watch: {which} on {}, every {}: refresh {refresh} at {}\n",
-                client.config().redacted_url(),
+                "lockctl watch: {which} on {url}, every {}: refresh {refresh} at {}\n",
                 output::duration(interval),
-                clock()
+                output::rfc3339(now)
             ));
-        }
-        let last = match result {
-            Ok(locks) => {
-                text.push_str(&render(global, &locks));
-                Ok(())
+            if let Ok(locks) = &last {
+                text.push_str(&output::table(locks, now));
             }
-            Err(error) => Err(Failure::from(error)),
-        };
+        }
+        let last = last.map(|_| ());
         print(&text);
         if let Err(failure) = &last {
             eprintln!("lockctl: {}", failure.message);
@@ -324,15 +431,25 @@ async fn watch(
     }
 }
 
-/// The time of day, UTC (`14:03:07Z`).
-fn clock() -> String {
-    let seconds = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
-    format!(
-        "{:02}:{:02}:{:02}Z",
-        seconds / 3600 % 24,
-        seconds / 60 % 60,
-        seconds % 60
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever features this build has, the advice for a `rediss://` URL
+    /// without TLS names lockctl's feature and how to build with it.
+    #[test]
+    fn tls_not_built_in_says_how_to_build_lockctl() {
+        let failure = config_failure(LockError::Config(ConfigError::TlsNotBuiltIn {
+            url: "rediss://user:***@h:6380/".to_owned(),
+        }));
+        assert_eq!(failure.code, FAILED);
+        assert!(
+            failure
+                .message
+                .contains("cargo install --path lockctl --features tls-rustls"),
+            "{}",
+            failure.message
+        );
+        assert!(failure.message.contains("rediss://user:***@h:6380/"));
+    }
 }

@@ -1,29 +1,41 @@
-//! What lockctl prints: tables for people, JSON for programs.
+//! What lockctl prints: tables for people, JSON (serde_json) for programs.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::admin::{Holder, HolderRole, LockInfo, LockKind};
+use lock_runtime::admin::{Holder, HolderRecord, HolderRole, LockInfo, LockKind};
+use serde_json::{json, Value};
 
 /// The columns of `list` and `watch`.
-const COLUMNS: [&str; 6] = ["NAME", "KIND", "TTL", "WAITERS", "HOLDER", "FENCE"];
+const COLUMNS: [&str; 9] = [
+    "NAME", "KIND", "TTL", "WAITERS", "FENCE", "HOLDER", "INSTANCE", "SINCE", "FUNCTION",
+];
+
+/// What a holder without a holder record is shown as.
+pub const NO_RECORD: &str = "unknown (no record)";
 
 /// `locks` as a table with a header line; a line saying so when empty.
-pub fn table(locks: &[LockInfo]) -> String {
+/// `now`: the time the holders' ages are counted to.
+pub fn table(locks: &[LockInfo], now: SystemTime) -> String {
     if locks.is_empty() {
         return "no locks\n".to_owned();
     }
-    let rows: Vec<[String; 6]> = locks
+    let rows: Vec<[String; 9]> = locks
         .iter()
         .map(|lock| {
+            let holding: Vec<&Holder> = lock.holding().collect();
             [
                 lock.name.clone(),
                 kind_cell(lock),
                 lock.ttl().map_or_else(|| "-".to_owned(), duration),
                 lock.waiters.to_string(),
-                holder_cell(lock),
                 lock.fencing_token
                     .map_or_else(|| "-".to_owned(), |fence| fence.to_string()),
+                holder_cell(lock),
+                instance_cell(&holding),
+                since_cell(&holding, now),
+                function_cell(&holding),
             ]
         })
         .collect();
@@ -93,6 +105,54 @@ fn holder_cell(lock: &LockInfo) -> String {
     }
 }
 
+/// One value for several holders: the value if they agree, else `n <what>`.
+fn agreed(values: BTreeSet<String>, what: &str) -> String {
+    match values.len() {
+        0 => "-".to_owned(),
+        1 => values.into_iter().next().unwrap_or_default(),
+        n => format!("{n} {what}"),
+    }
+}
+
+/// The holders' instance, from their records.
+fn instance_cell(holding: &[&Holder]) -> String {
+    agreed(
+        holding
+            .iter()
+            .map(|holder| {
+                holder
+                    .record
+                    .as_ref()
+                    .map_or_else(|| NO_RECORD.to_owned(), |record| record.instance.clone())
+            })
+            .collect(),
+        "instances",
+    )
+}
+
+/// How long the holder (the longest-held of several) has held the lock.
+fn since_cell(holding: &[&Holder], now: SystemTime) -> String {
+    holding
+        .iter()
+        .filter_map(|holder| holder.record.as_ref()?.since)
+        .min()
+        .map_or_else(
+            || "-".to_owned(),
+            |since| duration(now.duration_since(since).unwrap_or_default()),
+        )
+}
+
+/// The function that took the lock, from the records.
+fn function_cell(holding: &[&Holder]) -> String {
+    agreed(
+        holding
+            .iter()
+            .filter_map(|holder| holder.record.as_ref()?.function.clone())
+            .collect(),
+        "functions",
+    )
+}
+
 /// `850ms`, `29.5s`, `12m05s`, `3h02m`.
 pub fn duration(duration: Duration) -> String {
     let ms = duration.as_millis();
@@ -107,11 +167,75 @@ pub fn duration(duration: Duration) -> String {
     }
 }
 
-/// `show`: every field of each lock of the name, holders' full tokens.
-pub fn details(name: &str, locks: &[LockInfo]) -> String {
-    if locks.is_empty() {
-        return format!("lock `{name}`: free (no key of it in Redis: no holder, no waiter)\n");
+/// `time` in RFC 3339, UTC, to the millisecond: `2026-11-23T14:03:07.250Z`.
+pub fn rfc3339(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let seconds = since.as_secs();
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+/// The Gregorian date `days` days after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A holder's record as `show` prints it, or [`NO_RECORD`].
+fn record_lines(record: Option<&HolderRecord>, now: SystemTime) -> String {
+    let Some(record) = record else {
+        return format!(
+            "    instance: {NO_RECORD}: its process has not written its holder record for a \
+             minute (dead, cut off from Redis, or an older lock-runtime)\n"
+        );
+    };
+    let mut out = String::new();
+    let pid = record
+        .pid
+        .map_or_else(|| "unknown".to_owned(), |pid| pid.to_string());
+    let _ = writeln!(
+        out,
+        "    instance: {} (host {}, pid {pid}, lock-runtime {}, client {})",
+        record.instance, record.host, record.version, record.client
+    );
+    let _ = writeln!(
+        out,
+        "    function: {}",
+        record
+            .function
+            .as_deref()
+            .unwrap_or("unknown (not recorded: no caller given, or held under a second)")
+    );
+    if let Some(since) = record.since {
+        let _ = writeln!(
+            out,
+            "    since:    {} ({} ago)",
+            rfc3339(since),
+            duration(now.duration_since(since).unwrap_or_default())
+        );
     }
+    out
+}
+
+/// `show`: every field of each lock of the name, holders' full tokens and
+/// records.
+pub fn details(locks: &[LockInfo], now: SystemTime) -> String {
     let mut out = String::new();
     for lock in locks {
         let state = if lock.is_held() { "held" } else { "free" };
@@ -133,6 +257,7 @@ pub fn details(name: &str, locks: &[LockInfo]) -> String {
                 let _ = write!(out, "  on {}/{} nodes{majority}", holder.nodes, lock.nodes);
             }
             out.push('\n');
+            out.push_str(&record_lines(holder.record.as_ref(), now));
         }
         let _ = writeln!(out, "  waiters:  {}", lock.waiters);
         let fence = lock
@@ -143,80 +268,91 @@ pub fn details(name: &str, locks: &[LockInfo]) -> String {
     out
 }
 
-/// `locks` as a JSON array (one object per lock).
+/// A holder's record as JSON (`null` without one).
+fn record_json(record: Option<&HolderRecord>) -> Value {
+    match record {
+        None => Value::Null,
+        Some(record) => json!({
+            "client": record.client,
+            "instance": record.instance,
+            "host": record.host,
+            "pid": record.pid,
+            "version": record.version,
+            "client_started": record.client_started.map(rfc3339),
+            "function": record.function,
+            "since": record.since.map(rfc3339),
+        }),
+    }
+}
+
+/// `locks` as JSON values (one object per lock).
+pub fn json_locks(locks: &[LockInfo]) -> Value {
+    let millis = |duration: Option<Duration>| duration.map(|d| d.as_millis() as u64);
+    Value::Array(
+        locks
+            .iter()
+            .map(|lock| {
+                let holders: Vec<Value> = lock
+                    .holders
+                    .iter()
+                    .map(|holder| {
+                        let (role, permits) = match holder.role {
+                            HolderRole::Owner => ("owner", 0),
+                            HolderRole::Kept => ("kept", 0),
+                            HolderRole::Writer => ("writer", 0),
+                            HolderRole::KeptWriter => ("kept-writer", 0),
+                            HolderRole::Reader => ("reader", 0),
+                            HolderRole::Permits(k) => ("permits", k),
+                            _ => ("other", 0),
+                        };
+                        json!({
+                            "token": holder.token,
+                            "role": role,
+                            "permits": permits,
+                            "ttl_ms": millis(holder.ttl),
+                            "nodes": holder.nodes,
+                            "record": record_json(holder.record.as_ref()),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": lock.name,
+                    "kind": lock.kind.as_str(),
+                    "key": lock.key,
+                    "held": lock.is_held(),
+                    "ttl_ms": millis(lock.ttl()),
+                    "waiters": lock.waiters,
+                    "fencing_token": lock.fencing_token,
+                    "capacity": lock.capacity,
+                    "nodes": lock.nodes,
+                    "holders": holders,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `locks` as a JSON array on one line.
 pub fn json(locks: &[LockInfo]) -> String {
-    let mut out = String::from("[");
-    for (i, lock) in locks.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(
-            out,
-            "{{\"name\":{},\"kind\":{},\"key\":{},\"held\":{},\"ttl_ms\":{},\"waiters\":{},\
-             \"fencing_token\":{},\"capacity\":{},\"nodes\":{},\"holders\":[",
-            string(&lock.name),
-            string(lock.kind.as_str()),
-            string(&lock.key),
-            lock.is_held(),
-            millis(lock.ttl()),
-            lock.waiters,
-            lock.fencing_token
-                .map_or_else(|| "null".to_owned(), |fence| fence.to_string()),
-            lock.capacity
-                .map_or_else(|| "null".to_owned(), |capacity| capacity.to_string()),
-            lock.nodes,
-        );
-        for (j, holder) in lock.holders.iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            let (role, permits) = match holder.role {
-                HolderRole::Owner => ("owner", 0),
-                HolderRole::Kept => ("kept", 0),
-                HolderRole::Writer => ("writer", 0),
-                HolderRole::KeptWriter => ("kept-writer", 0),
-                HolderRole::Reader => ("reader", 0),
-                HolderRole::Permits(k) => ("permits", k),
-                _ => ("other", 0),
-            };
-            let _ = write!(
-                out,
-                "{{\"token\":{},\"role\":\"{role}\",\"permits\":{permits},\"ttl_ms\":{},\
-                 \"nodes\":{}}}",
-                string(&holder.token),
-                millis(holder.ttl),
-                holder.nodes
-            );
-        }
-        out.push_str("]}");
-    }
-    out.push_str("]\n");
-    out
+    format!("{}\n", json_locks(locks))
 }
 
-fn millis(duration: Option<Duration>) -> String {
-    duration.map_or_else(|| "null".to_owned(), |d| d.as_millis().to_string())
-}
-
-/// A JSON string literal.
-fn string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// One `watch --json` line: the refresh's time (RFC 3339, UTC), its number,
+/// and its locks or its error.
+pub fn watch_line(time: SystemTime, refresh: u64, result: Result<&[LockInfo], &str>) -> String {
+    let line = match result {
+        Ok(locks) => json!({
+            "time": rfc3339(time),
+            "refresh": refresh,
+            "locks": json_locks(locks),
+        }),
+        Err(error) => json!({
+            "time": rfc3339(time),
+            "refresh": refresh,
+            "error": error,
+        }),
+    };
+    format!("{line}\n")
 }
 
 #[cfg(test)]
@@ -232,13 +368,29 @@ mod tests {
     }
 
     #[test]
-    fn escapes_json_strings() {
-        assert_eq!(string("a\"b\\c\nd\u{1}é"), "\"a\\\"b\\\\c\\nd\\u0001é\"");
+    fn formats_rfc3339_in_utc() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        // date -u -d @1700000000.123 +%FT%T.%3NZ
+        assert_eq!(rfc3339(at(1_700_000_000_123)), "2023-11-14T22:13:20.123Z");
+        // A leap day, and the end of a year.
+        assert_eq!(rfc3339(at(951_782_400_000)), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(at(1_735_689_599_999)), "2024-12-31T23:59:59.999Z");
     }
 
     #[test]
     fn an_empty_listing_says_so() {
-        assert_eq!(table(&[]), "no locks\n");
+        assert_eq!(table(&[], SystemTime::now()), "no locks\n");
         assert_eq!(json(&[]), "[]\n");
+    }
+
+    #[test]
+    fn watch_lines_are_json_with_a_time() {
+        let line = watch_line(UNIX_EPOCH, 2, Err("down \"here\""));
+        let value: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["time"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(value["refresh"], 2);
+        assert_eq!(value["error"], "down \"here\"");
+        assert!(line.ends_with("}\n") && line.matches('\n').count() == 1);
     }
 }

@@ -65,11 +65,20 @@ async fn list_finds_the_locks_of_every_primary() {
     let mut found_on = BTreeSet::new();
     for ((name, port), guard) in names.iter().zip(&guards) {
         let columns = row(&list.stdout, name).unwrap_or_else(|| panic!("{name}: {list:?}"));
-        assert_eq!(columns[4], guard.token()[..8], "{list:?}");
+        assert_eq!(columns["HOLDER"], guard.token()[..8], "{list:?}");
         found_on.insert(*port);
     }
     assert_eq!(found_on.len(), 3, "locks on every primary were listed");
     assert_eq!(list.stdout.lines().count(), names.len() + 1, "{list:?}");
+    // The holder's record, on the primary of its own hash tag's slot, names
+    // it beside the locks of every primary.
+    let instance = holder.instance().to_owned();
+    list_until(&url, "every lock names its holder", |list| {
+        names
+            .iter()
+            .all(|(name, _)| row(&list.stdout, name).is_some_and(|row| row["INSTANCE"] == instance))
+    })
+    .await;
 
     // A forced release on the cluster wakes a waiter of another client.
     let (name, _) = &names[0];
@@ -146,19 +155,35 @@ async fn a_quorum_lists_one_row_per_lock_and_releases_by_majority() {
     let list = lockctl(&url, &["list"], "").await;
     assert_eq!(list.code, 0, "{list:?}");
     let columns = row(&list.stdout, "ledger").expect("a row for ledger");
-    assert_eq!(columns[4], guard.token()[..8], "{list:?}");
-    assert_eq!(columns[5], "on", "{list:?}");
-    assert_eq!(columns[6], "3/3", "{list:?}");
     assert_eq!(
-        columns[7],
+        columns["HOLDER"],
+        format!("{} on 3/3", &guard.token()[..8]),
+        "{list:?}"
+    );
+    assert_eq!(
+        columns["FENCE"],
         guard.fencing_token().unwrap().to_string(),
         "{list:?}"
     );
     let stray_row = row(&list.stdout, "stray").expect("a row for stray");
     assert_eq!(
-        stray_row[4], "-",
+        stray_row["HOLDER"], "-",
         "a minority token holds nothing: {list:?}"
     );
+
+    // The holder's record is on every node.
+    let instance = holder.instance().to_owned();
+    list_until(&url, "the holder is named", |list| {
+        row(&list.stdout, "ledger").is_some_and(|row| row["INSTANCE"] == instance)
+    })
+    .await;
+    let record = format!("lock:client:{{{}}}", holder.id());
+    for node in &nodes {
+        wait_until("the record is on each node", || {
+            node.command(&["EXISTS", &record]).unwrap() == ":1\r\n"
+        })
+        .await;
+    }
 
     let admin = Client::new(Config::new(url.as_str())).unwrap();
     let info = admin.lock_info("stray").await.unwrap();

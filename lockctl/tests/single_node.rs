@@ -11,7 +11,8 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::admin::{HolderRole, LockKind, ReleaseOutcome};
-use lock_runtime::{Lock, LockError, RwLock, Semaphore};
+use lock_runtime::{Client, Config, Lock, LockError, RwLock, Semaphore};
+use serde_json::Value;
 use test_support::RedisServer;
 
 fn zcard(server: &RedisServer, key: &str) -> String {
@@ -50,15 +51,15 @@ async fn list_and_show_a_held_lock_and_its_waiter() {
     assert!(list.stdout.starts_with("NAME"), "{list:?}");
     assert!(row(&list.stdout, "unrelated").is_none(), "{list:?}");
     let columns = row(&list.stdout, "order:42").expect("a row for order:42");
-    assert_eq!(columns[1], "lock", "{list:?}");
-    let ttl: f64 = columns[2]
+    assert_eq!(columns["KIND"], "lock", "{list:?}");
+    let ttl: f64 = columns["TTL"]
         .trim_end_matches('s')
         .parse()
         .expect("a ttl in seconds");
     assert!(ttl > 50.0 && ttl <= 60.0, "{list:?}");
-    assert_eq!(columns[3], "1", "one waiter: {list:?}");
-    assert_eq!(columns[4], token[..8], "{list:?}");
-    assert_eq!(columns[5], fence, "{list:?}");
+    assert_eq!(columns["WAITERS"], "1", "one waiter: {list:?}");
+    assert_eq!(columns["HOLDER"], token[..8], "{list:?}");
+    assert_eq!(columns["FENCE"], fence, "{list:?}");
 
     let all = lockctl(&url, &["list"], "").await;
     assert!(row(&all.stdout, "unrelated").is_some(), "{all:?}");
@@ -87,9 +88,22 @@ async fn list_and_show_a_held_lock_and_its_waiter() {
     );
     assert!(json.stdout.contains("\"waiters\":1"), "{json:?}");
 
-    let free = lockctl(&url, &["show", "nothing-here"], "").await;
-    assert_eq!(free.code, 0, "{free:?}");
-    assert!(free.stdout.contains("free"), "{free:?}");
+    // Like `kubectl get` of a missing object: exit 1, said on stderr.
+    let missing = lockctl(&url, &["show", "nothing-here"], "").await;
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(missing.stdout.is_empty(), "{missing:?}");
+    assert!(
+        missing
+            .stderr
+            .contains("lock `nothing-here` not found: Redis has no key of it"),
+        "{missing:?}"
+    );
+    let missing = lockctl(&url, &["--json", "show", "nothing-here"], "").await;
+    assert_eq!(
+        (missing.code, missing.stdout.as_str()),
+        (1, "[]\n"),
+        "{missing:?}"
+    );
 
     guard.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
@@ -385,8 +399,8 @@ async fn watch_refreshes() {
 }
 
 /// Users' passwords never appear in lockctl's output: neither when it
-/// works (with an ACL user allowed the library's rule, plus the `SCAN` and
-/// `ZCOUNT` lockctl needs), nor when the password is wrong, nor when Redis
+/// works (with an ACL user allowed the library's rule, plus the `SCAN`,
+/// `ZCOUNT` and `HGETALL` lockctl needs), nor when the password is wrong, nor when Redis
 /// is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_never_appears() {
@@ -395,7 +409,7 @@ async fn a_password_never_appears() {
     // The library's rule, plus what lockctl needs.
     let mut acl = vec!["ACL", "SETUSER", "operator", "on", ">Sup3rS3cretPw"];
     acl.extend_from_slice(test_support::LOCK_ACL);
-    acl.extend(["+scan", "+zcount"]);
+    acl.extend(["+scan", "+zcount", "+hgetall"]);
     assert!(server.command(&acl).unwrap().starts_with("+OK"));
     let url = format!("redis://operator:{PASSWORD}@127.0.0.1:{}/", server.port());
     let guard = Lock::new("secretive")
@@ -484,7 +498,7 @@ async fn another_key_prefix() {
     assert_eq!(default.stdout, "no locks\n", "{default:?}");
     let list = lockctl(&url, &["--key-prefix", "app:locks:", "list"], "").await;
     let columns = row(&list.stdout, "nightly").expect("a row for nightly");
-    assert_eq!(columns[4], guard.token()[..8], "{list:?}");
+    assert_eq!(columns["HOLDER"], guard.token()[..8], "{list:?}");
     let show = lockctl(&url, &["show", "nightly", "--key-prefix", "app:locks:"], "").await;
     assert!(show.stdout.contains("key app:locks:{nightly}"), "{show:?}");
     guard.release().await.unwrap();
@@ -506,7 +520,7 @@ async fn a_kept_lock_can_be_ended_early() {
     guard.release().await.unwrap();
     let list = lockctl(&url, &["list"], "").await;
     let columns = row(&list.stdout, "nightly").expect("a row for nightly");
-    assert_eq!(columns[4..6], [head.clone(), "kept".to_owned()], "{list:?}");
+    assert_eq!(columns["HOLDER"], format!("{head} kept"), "{list:?}");
     let release = lockctl(&url, &["release", "nightly", "--force", "--yes"], "").await;
     assert_eq!(release.code, 0, "{release:?}");
     assert!(
@@ -519,4 +533,250 @@ async fn a_kept_lock_can_be_ended_early() {
         server.command(&["EXISTS", "lock:{nightly}"]).unwrap(),
         ":0\r\n"
     );
+}
+
+/// A time as lockctl prints it: RFC 3339, UTC, to the millisecond
+/// (`2026-11-23T14:03:07.250Z`).
+fn is_rfc3339_utc(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 24
+        && bytes.iter().enumerate().all(|(at, b)| match at {
+            4 | 7 => *b == b'-',
+            10 => *b == b'T',
+            13 | 16 => *b == b':',
+            19 => *b == b'.',
+            23 => *b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// `list`, `show` and `--json` name each holder: its instance, host and
+/// process, the function that took the lock and since when (from its
+/// client's holder record), or "unknown (no record)" for a token no record
+/// speaks for; and a forced release shows whom it is about to release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_name_the_holder() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = Client::new(Config::new(url.as_str()).instance("orders-1")).unwrap();
+    let guard = Lock::new("order:7")
+        .caller("orders::settle")
+        .ttl(Duration::from_secs(60))
+        .client(holder.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let token = guard.token().to_owned();
+    // A lock whose token no record speaks for (its process long gone).
+    let ghost = "0123456789abcdef0123456789abcdef";
+    server
+        .command(&["SET", "lock:{ghost}", ghost, "PX", "60000"])
+        .unwrap();
+
+    let list = list_until(&url, "the holder is named", |list| {
+        row(&list.stdout, "order:7").is_some_and(|row| row["INSTANCE"] == "orders-1")
+    })
+    .await;
+    let columns = row(&list.stdout, "order:7").unwrap();
+    assert_eq!(columns["FUNCTION"], "orders::settle", "{list:?}");
+    assert!(columns["SINCE"].ends_with('s'), "{list:?}");
+    assert_eq!(columns["HOLDER"], token[..8], "{list:?}");
+    let ghost_row = row(&list.stdout, "ghost").expect("a row for ghost");
+    assert_eq!(ghost_row["INSTANCE"], "unknown (no record)", "{list:?}");
+    assert_eq!(ghost_row["FUNCTION"], "-", "{list:?}");
+
+    let show = lockctl(&url, &["show", "order:7"], "").await;
+    assert_eq!(show.code, 0, "{show:?}");
+    let pid = std::process::id();
+    assert!(
+        show.stdout.contains("instance: orders-1 (host ")
+            && show.stdout.contains(&format!(", pid {pid}, lock-runtime ")),
+        "{show:?}"
+    );
+    assert!(show.stdout.contains("function: orders::settle"), "{show:?}");
+    let since = show
+        .stdout
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("since:"))
+        .expect("a since line");
+    assert!(
+        is_rfc3339_utc(since.split_whitespace().next().unwrap()),
+        "{show:?}"
+    );
+    let show_ghost = lockctl(&url, &["show", "ghost"], "").await;
+    assert!(
+        show_ghost.stdout.contains("unknown (no record)"),
+        "{show_ghost:?}"
+    );
+
+    let json = lockctl(&url, &["--json", "show", "order:7"], "").await;
+    let value: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    let record = &value[0]["holders"][0]["record"];
+    assert_eq!(record["instance"], "orders-1", "{json:?}");
+    assert_eq!(record["client"], holder.id(), "{json:?}");
+    assert_eq!(record["pid"], pid, "{json:?}");
+    assert_eq!(record["function"], "orders::settle", "{json:?}");
+    assert!(
+        is_rfc3339_utc(record["since"].as_str().unwrap()),
+        "{json:?}"
+    );
+    let json = lockctl(&url, &["--json", "show", "ghost"], "").await;
+    let value: Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert!(value[0]["holders"][0]["record"].is_null(), "{json:?}");
+
+    let declined = lockctl(&url, &["release", "order:7", "--force"], "n\n").await;
+    assert!(
+        declined.stderr.contains("instance orders-1, host ")
+            && declined.stderr.contains("function orders::settle"),
+        "{declined:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// Every argument has help, in `lockctl <command> --help`.
+#[test]
+fn every_argument_has_help() {
+    for (command, wanted) in [
+        (
+            vec!["list", "--help"],
+            "Only the locks whose name starts with PREFIX",
+        ),
+        (
+            vec!["watch", "--help"],
+            "Only the locks whose name starts with PREFIX",
+        ),
+        (
+            vec!["show", "--help"],
+            "The lock's name, as its users give it",
+        ),
+        (vec!["release", "--help"], "The name of the lock to release"),
+        (vec!["--help"], "tls-rustls"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(&command)
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{command:?}: {help}");
+        assert!(help.contains(wanted), "{command:?}: {help}");
+    }
+}
+
+/// A Redis that cannot be reached: the error says what lockctl was doing,
+/// where, and what to check; never "Redis scan for lock `*` failed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_error_says_what_failed_and_what_to_do() {
+    let port = test_support::free_port().unwrap();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let list = lockctl(&url, &["list", "order:"], "").await;
+    assert_eq!(list.code, 1, "{list:?}");
+    assert!(
+        list.stderr.starts_with(&format!(
+            "lockctl: cannot list the locks `order:*`: nothing accepts connections at \
+             redis://127.0.0.1:{port}/"
+        )),
+        "{list:?}"
+    );
+    assert!(
+        list.stderr
+            .contains("start Redis there, or give its address with --url or REDIS_URL"),
+        "{list:?}"
+    );
+    assert!(!list.stderr.contains("for lock `"), "{list:?}");
+    let show = lockctl(&url, &["show", "order:7"], "").await;
+    assert!(
+        show.stderr
+            .starts_with("lockctl: cannot read lock `order:7`: nothing accepts"),
+        "{show:?}"
+    );
+    // A wrong password.
+    let server = RedisServer::start();
+    server
+        .command(&["ACL", "SETUSER", "operator", "on", ">right", "+@all", "~*"])
+        .unwrap();
+    let wrong = format!("redis://operator:wrong@127.0.0.1:{}/", server.port());
+    let denied = lockctl(&wrong, &["list"], "").await;
+    assert_eq!(denied.code, 1, "{denied:?}");
+    assert!(
+        denied.stderr.contains("refused the credentials")
+            && denied
+                .stderr
+                .contains("check the user name and password in the URL"),
+        "{denied:?}"
+    );
+}
+
+/// `watch --json` prints one JSON object per refresh, each with its time
+/// (RFC 3339, UTC) and number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_json_lines_carry_their_time() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let guard = Lock::new("watched")
+        .client(client(&url))
+        .try_acquire()
+        .await
+        .unwrap();
+    let watch = lockctl(
+        &url,
+        &["--json", "watch", "--interval", "100ms", "--count", "2"],
+        "",
+    )
+    .await;
+    assert_eq!(watch.code, 0, "{watch:?}");
+    let lines: Vec<Value> = watch
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{watch:?}");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["refresh"], i as u64 + 1, "{watch:?}");
+        assert!(is_rfc3339_utc(line["time"].as_str().unwrap()), "{watch:?}");
+        assert_eq!(line["locks"][0]["name"], "watched", "{watch:?}");
+        assert_eq!(
+            line["locks"][0]["holders"][0]["token"],
+            guard.token(),
+            "{watch:?}"
+        );
+    }
+    assert!(lines[0]["time"].as_str() <= lines[1]["time"].as_str());
+    guard.release().await.unwrap();
+}
+
+/// The TLS feature has one name, `tls-rustls`, in lockctl's Cargo.toml, its
+/// help and the README; a `rediss://` URL on a build without it says how to
+/// build lockctl with TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_feature_has_one_name_and_its_advice() {
+    let manifest = include_str!("../Cargo.toml");
+    assert!(
+        manifest.contains("tls-rustls = [\"lock-runtime/tls-rustls\"]"),
+        "{manifest}"
+    );
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("## Operating: lockctl").unwrap()..];
+    assert!(section.contains("--features tls-rustls"));
+    assert!(
+        !section.contains("`tls` feature"),
+        "the README names a `tls` feature"
+    );
+    let port = test_support::free_port().unwrap();
+    let run = lockctl(&format!("rediss://127.0.0.1:{port}/"), &["list"], "").await;
+    assert_eq!(run.code, 1, "{run:?}");
+    if run.stderr.contains("built without") {
+        assert!(
+            run.stderr
+                .contains("cargo install --path lockctl --features tls-rustls"),
+            "{run:?}"
+        );
+        assert!(!run.stderr.contains("Cargo.toml"), "{run:?}");
+    } else {
+        // This build has TLS (a workspace build turns on lock-runtime's
+        // feature for the tests): the URL is tried, and refused.
+        assert!(
+            run.stderr.contains("nothing accepts connections"),
+            "{run:?}"
+        );
+    }
 }

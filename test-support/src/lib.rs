@@ -48,6 +48,8 @@ pub const LOCK_ACL: &[&str] = &[
     "+exists",
     "+pexpire",
     "+pttl",
+    "+hset",
+    "+hdel",
     "+time",
     "+lindex",
     "+lpop",

@@ -201,6 +201,20 @@ pub(crate) struct RenewItem<'a> {
     pub(crate) ttl_ms: u64,
 }
 
+/// One write of a client's holder record (`lua/record.lua`, written in the
+/// background by `lease/holders.rs`).
+pub(crate) struct RecordWrite<'a> {
+    /// `<prefix>client:{<client id>}`.
+    pub(crate) key: &'a str,
+    pub(crate) ttl_ms: u64,
+    /// Delete the record first: it is rewritten whole.
+    pub(crate) replace: bool,
+    /// Field, value pairs to set; none: the record is deleted.
+    pub(crate) set: &'a [(String, String)],
+    /// Fields to delete.
+    pub(crate) delete: &'a [String],
+}
+
 /// One node's reading of the three locks of a name (`lua/inspect.lua`):
 /// the admin API's raw material (`crate::admin` builds its public view).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -326,6 +340,24 @@ pub(crate) trait Backend: Send + Sync + 'static {
         name: &'a str,
         keys: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>>;
+
+    /// Writes (or deletes) a client's holder record: on the server, on the
+    /// primary of the record's slot in a cluster, on every node of a quorum.
+    /// Returns whether the record existed before, on every node; fails if
+    /// any node did not take the write.
+    fn write_record<'a>(
+        &'a self,
+        write: &'a RecordWrite<'a>,
+    ) -> BoxFuture<'a, Result<bool, LockError>>;
+
+    /// Admin: a client's holder record, as field, value pairs (none when
+    /// there is no record). Over a quorum, the records of the nodes that
+    /// answered, merged (the first node's value of a field wins); an error
+    /// only when no node answered.
+    fn read_record<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, LockError>>;
 
     /// Whether a lock may be passed between tasks of a process (`pass`,
     /// in-process cohorts). Not in acknowledged mode (each holder's

@@ -38,7 +38,7 @@ use tokio::sync::{watch, Notify};
 
 use super::slots;
 use crate::error::LockError;
-use crate::token::new_token;
+use crate::token::new_random_id;
 
 /// Where a client listens.
 pub(crate) enum Transport {
@@ -141,7 +141,7 @@ impl Notifier {
         transport: Transport,
         deadline: Duration,
     ) -> Result<Arc<Notifier>, LockError> {
-        let id = new_token()?;
+        let id = new_random_id()?;
         Ok(Arc::new(Notifier {
             transport,
             deadline,

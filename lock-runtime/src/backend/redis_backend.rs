@@ -5,6 +5,7 @@
 
 mod inspect;
 mod quorum_node;
+mod record;
 mod renewal;
 mod shared;
 
@@ -20,7 +21,9 @@ use redis::{Cmd, Value};
 use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{evalsha, run, Told, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
-use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
+use super::{
+    Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
+};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
@@ -493,5 +496,19 @@ impl Backend for RedisBackend {
         keys: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
         Box::pin(async move { Ok(vec![self.snapshot(name, keys).await?]) })
+    }
+
+    fn write_record<'a>(
+        &'a self,
+        write: &'a RecordWrite<'a>,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(self.write_holder_record(write))
+    }
+
+    fn read_record<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, LockError>> {
+        Box::pin(self.read_holder_record(key))
     }
 }

@@ -319,7 +319,7 @@ pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
 
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 20] {
+pub(crate) fn all() -> [&'static LuaScript; 21] {
     [
         &ACQUIRE,
         &RELEASE,
@@ -341,8 +341,14 @@ pub(crate) fn all() -> [&'static LuaScript; 20] {
         &RENEW_SHARES_ANY_SLOT,
         &RENEW_SHARES,
         &INSPECT,
+        &RECORD,
     ]
 }
+
+/// `lua/record.lua`: write (or delete) a client's holder record, in the
+/// background.
+pub(crate) static RECORD: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&[lua!("record.lua")]], 1 << 22));
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 //! The lock builder: what a lock is, and its public ways to be taken.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,11 +50,22 @@ pub struct Lock {
     /// Exclusive, unless made by [`RwLock`](crate::RwLock) or
     /// [`Semaphore`](crate::Semaphore).
     kind: Kind,
+    /// The `lock` label of its metrics (default
+    /// [`Lock::DEFAULT_METRIC_LABEL`]).
+    metric_label: Option<Cow<'static, str>>,
+    /// The function (or task) taking it, for the holder record.
+    caller: Option<Cow<'static, str>>,
 }
 
 impl Lock {
     /// The ttl used when none is given: 30 seconds.
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+    /// The `lock` label of the metrics of a lock given no
+    /// [`metric_label`](Lock::metric_label): `unlabelled`, one series for
+    /// all such locks, whatever their names (a label made from names would
+    /// make one series per id).
+    pub const DEFAULT_METRIC_LABEL: &'static str = crate::observe::DEFAULT_METRIC_LABEL;
 
     /// A lock called `name` (e.g. `"lottery:2026-11-22"`), with the default
     /// ttl, no waiting and the process-wide client.
@@ -70,6 +82,8 @@ impl Lock {
             hold_at_least: None,
             client: None,
             kind: Kind::Exclusive,
+            metric_label: None,
+            caller: None,
         }
     }
 
@@ -178,9 +192,38 @@ impl Lock {
         self
     }
 
+    /// The `lock` label of this lock's metrics (README, "Metrics"): name
+    /// the *kind* of lock, never one of its ids, so that the label has a
+    /// bounded set of values: `Lock::new(format!("order:{id}"))
+    /// .metric_label("order:<id>")`. `#[distributed_lock]` labels its locks
+    /// with their key as written (`order:<id>`). Default:
+    /// [`Lock::DEFAULT_METRIC_LABEL`], one series for every lock not given
+    /// a label.
+    pub fn metric_label(mut self, label: impl Into<Cow<'static, str>>) -> Self {
+        self.metric_label = Some(label.into());
+        self
+    }
+
+    /// What takes the lock, as lockctl shows it beside the holder's
+    /// instance, host and process (the holder record, README "Operating:
+    /// lockctl"): a function path such as `"billing::charge"`, or a job's
+    /// name. `#[distributed_lock]` names the annotated function. Costs
+    /// nothing on the way to Redis: the record is written in the background.
+    pub fn caller(mut self, caller: impl Into<Cow<'static, str>>) -> Self {
+        self.caller = Some(caller.into());
+        self
+    }
+
     /// The lock's name, as given.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The `lock` label of its metrics.
+    fn label(&self) -> &str {
+        self.metric_label
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_METRIC_LABEL)
     }
 
     /// Takes the lock: once when no `wait` was set, else waiting until the
@@ -225,6 +268,7 @@ impl Lock {
             lock.name = %self.name,
             lock.outcome = tracing::field::Empty,
             lock.waited_ms = tracing::field::Empty,
+            lock.holder = tracing::field::Empty,
             lock.fencing_token = tracing::field::Empty,
         );
         let started = Instant::now();
@@ -232,9 +276,15 @@ impl Lock {
         let (waited, outcome) = (started.elapsed(), acquire_outcome(&result));
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
-        crate::observe::acquisition(&self.name, outcome, waited);
-        if let Some(token) = result.as_ref().ok().and_then(|guard| guard.fencing_token()) {
-            span.record("lock.fencing_token", token);
+        crate::observe::acquisition(self.label(), outcome, waited);
+        if let Ok(guard) = &result {
+            span.record(
+                "lock.holder",
+                tracing::field::display(guard.hold().token_head()),
+            );
+            if let Some(token) = guard.fencing_token() {
+                span.record("lock.fencing_token", token);
+            }
         }
         result
     }
@@ -483,6 +533,8 @@ impl Lock {
         let reentrant = !matches!(self.kind, Kind::Semaphore { .. });
         Ok(Acquisition {
             name: &self.name,
+            label: self.metric_label.as_ref(),
+            caller: self.caller.as_ref(),
             settings: self.settings(),
             held: reentrant.then(|| held_in_this_task(&core, &keys)).flatten(),
             core,

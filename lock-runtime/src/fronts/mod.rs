@@ -36,6 +36,19 @@ macro_rules! lock_options {
         pub fn client(self, client: crate::Client) -> Self {
             self.map(|lock| lock.client(client))
         }
+
+        /// See [`Lock::metric_label`](crate::Lock::metric_label): the `lock`
+        /// label of its metrics, a template such as `"prices:<shop>"`
+        /// (default [`Lock::DEFAULT_METRIC_LABEL`](crate::Lock::DEFAULT_METRIC_LABEL)).
+        pub fn metric_label(self, label: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+            self.map(|lock| lock.metric_label(label))
+        }
+
+        /// See [`Lock::caller`](crate::Lock::caller): what takes it, for the
+        /// holder record lockctl shows.
+        pub fn caller(self, caller: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+            self.map(|lock| lock.caller(caller))
+        }
     };
 }
 pub(crate) use lock_options;

@@ -1,5 +1,6 @@
 //! Taking a lock: reentry, one attempt, and waiting woken by releases.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,9 @@ const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
 pub(crate) struct Acquisition<'a> {
     /// The lock's name, as given.
     pub(crate) name: &'a str,
+    /// Its `lock` label in the metrics, and the function taking it.
+    pub(crate) label: Option<&'a Cow<'static, str>>,
+    pub(crate) caller: Option<&'a Cow<'static, str>>,
     pub(crate) settings: Settings,
     pub(crate) core: Arc<Core>,
     pub(crate) keys: LockKeys,
@@ -304,7 +308,7 @@ impl Acquisition<'_> {
     }
 
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
-        let token = new_token()?;
+        let token = new_token(self.core.client_id())?;
         let mut unknown = Unknown::new(self, &token);
         let respect = self.settings.fair;
         match self.attempt(&mut unknown, "", false, respect, None).await? {
@@ -332,7 +336,7 @@ impl Acquisition<'_> {
         started: Instant,
         respect: bool,
     ) -> Result<LockGuard, LockError> {
-        let token = new_token()?;
+        let token = new_token(self.core.client_id())?;
         let mut unknown = Unknown::new(self, &token);
         let fair = self.settings.fair;
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
@@ -438,6 +442,7 @@ impl Acquisition<'_> {
 
     /// The guard of `hold`, made for this acquisition: renewed when asked.
     fn guard_for(&self, hold: Arc<Hold>) -> LockGuard {
+        hold.taken_by(self.label, self.caller);
         let settings = &self.settings;
         let renewal = settings.renew.then(|| {
             let renew_until = settings

@@ -133,6 +133,7 @@ impl LockGuard {
         let span = tracing::info_span!(
             "lock.hold",
             lock.name = %hold.name(),
+            lock.holder = %hold.token_head(),
             lock.fencing_token = tracing::field::Empty,
             lock.outcome = tracing::field::Empty,
             lock.lost_cause = tracing::field::Empty,
@@ -213,7 +214,7 @@ impl LockGuard {
         let result = self.release_traced().instrument(span.clone()).await;
         match &result {
             Ok(()) if outermost => {
-                crate::observe::released(hold.name(), hold.acquired_at.elapsed())
+                crate::observe::hold_ended(hold.label(), "released", hold.acquired_at.elapsed())
             }
             Err(LockError::Lost { cause, .. }) if outermost => {
                 span.in_scope(|| hold.count_loss(*cause))

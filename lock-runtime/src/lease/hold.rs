@@ -2,6 +2,7 @@
 //! driver and `current()`: identity, a local validity deadline on the
 //! monotonic clock, and whether (and why) the lock was lost.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
@@ -10,10 +11,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{watch, Notify};
 
+use super::holders::Site;
 use super::Core;
 use crate::backend::Kind;
 use crate::error::LostCause;
 use crate::keys::LockKeys;
+use crate::observe::DEFAULT_METRIC_LABEL;
 
 /// The origin of the nanosecond counts kept in atomics.
 static CLOCK_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -120,6 +123,9 @@ pub(crate) struct Hold {
     /// Wakes every body run under this hold when it is lost or released;
     /// made by the first body that needs it.
     lost_signal: OnceLock<Arc<Notify>>,
+    /// How its holder took it (metric label, function) and its place in the
+    /// client's holder record; set when a guard is made for it.
+    site: OnceLock<Site>,
 }
 
 impl Hold {
@@ -168,7 +174,46 @@ impl Hold {
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
+            site: OnceLock::new(),
         })
+    }
+
+    /// The hold is its holder's now: `label` names it in the metrics,
+    /// `caller` in the holder record, which gets it (see `holders.rs`).
+    pub(crate) fn taken_by(
+        self: &Arc<Self>,
+        label: Option<&Cow<'static, str>>,
+        caller: Option<&Cow<'static, str>>,
+    ) {
+        if self.site.get().is_some() {
+            return;
+        }
+        let _ = self.site.set(Site {
+            label: label
+                .cloned()
+                .unwrap_or(Cow::Borrowed(DEFAULT_METRIC_LABEL)),
+            caller: caller.cloned(),
+            _registered: self.core.holders().register(self),
+        });
+    }
+
+    /// The `lock` label of its metrics (`Lock::metric_label`).
+    pub(crate) fn label(&self) -> &str {
+        self.site
+            .get()
+            .map_or(DEFAULT_METRIC_LABEL, |site| &site.label)
+    }
+
+    /// The function that took it (`Lock::caller`, the attribute's
+    /// function), if it was named.
+    pub(crate) fn caller(&self) -> Option<&str> {
+        self.site.get().and_then(|site| site.caller.as_deref())
+    }
+
+    /// The token alone, without what a value may add after `|` (over a
+    /// quorum, the attempt's mark).
+    pub(crate) fn token_head(&self) -> &str {
+        self.token.split('|').next().unwrap_or(&self.token)
     }
 
     /// Whether a copy of a command with this token may still reach Redis
@@ -250,10 +295,11 @@ impl Hold {
         if self.loss_counted.swap(true, Ordering::AcqRel) {
             return;
         }
-        crate::observe::lost(self.name(), cause);
+        crate::observe::lost(self.label(), cause);
         if cause == LostCause::Released {
             return; // an entry that outlived its outer hold: not a loss of the lock
         }
+        crate::observe::hold_ended(self.label(), "lost", self.acquired_at.elapsed());
         match self.refusal.get() {
             Some(refusal) => tracing::warn!(
                 lock = %self.name(), cause = cause.label(), error = %refusal,

@@ -133,7 +133,7 @@ pub(crate) fn pass_to(
         hold.settled().await;
         let cohorts = hold.core.cohorts();
         let key = &hold.keys.lock;
-        let token = match new_token() {
+        let token = match new_token(hold.core.client_id()) {
             Ok(token) => token,
             Err(error) => {
                 let _ = waiter.send(Passed::Redis);
@@ -230,7 +230,7 @@ async fn pass_early(
         // Gone before anything was sent: the next one, or a release.
         return pass_or_release(hold, generation).await;
     }
-    crate::observe::handed_off(hold.name());
+    crate::observe::handed_off(hold.label());
     let outcome = handoff_until_answered(&hold, &next).await;
     let result = match outcome {
         Ok((_, queued)) => {
@@ -302,7 +302,7 @@ async fn pass_confirmed(
             cohorts.passed(key, generation, queued);
             linger_after_pass(Arc::clone(&hold));
             let next = next_hold(&hold, wants, token.clone(), sent_at, fence, None);
-            crate::observe::handed_off(hold.name());
+            crate::observe::handed_off(hold.label());
             if waiter.send(Passed::Lock(next)).is_err() {
                 // The waiter gave up meanwhile: the lock holds a token
                 // nobody has; pass it on, or release it.

@@ -8,6 +8,7 @@ pub(crate) mod acquire;
 pub(crate) mod cohort;
 pub(crate) mod guard;
 pub(crate) mod hold;
+pub(crate) mod holders;
 pub(crate) mod local_handoff;
 pub(crate) mod loss;
 pub(crate) mod release;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::backend::Notifier;
 use cohort::Cohorts;
+use holders::{Holders, Identity};
 use renewal::Renewer;
 
 /// What every lease of one client shares: the backend, the renewal driver,
@@ -32,6 +34,8 @@ pub(crate) struct Core {
     notifier: Arc<Notifier>,
     cohorts: Cohorts,
     key_prefix: String,
+    /// The client's identity, and its holds as its holder record has them.
+    holders: Arc<Holders>,
     /// Keys this client released lately while a waiter queued: its next
     /// request for such a key lets that waiter go first.
     handed_over: Mutex<HashMap<String, Instant>>,
@@ -46,9 +50,11 @@ impl Core {
         backend: Arc<dyn Backend>,
         notifier: Arc<Notifier>,
         key_prefix: String,
+        identity: Identity,
     ) -> Arc<Core> {
         Arc::new(Core {
             renewer: Renewer::new(Arc::clone(&backend)),
+            holders: Holders::new(Arc::clone(&backend), identity, &key_prefix),
             backend,
             notifier,
             cohorts: Cohorts::default(),
@@ -75,6 +81,15 @@ impl Core {
 
     pub(crate) fn key_prefix(&self) -> &str {
         &self.key_prefix
+    }
+
+    pub(crate) fn holders(&self) -> &Arc<Holders> {
+        &self.holders
+    }
+
+    /// This client's id: the end of each of its tokens.
+    pub(crate) fn client_id(&self) -> &str {
+        &self.holders.identity().client_id
     }
 
     /// The longest one Redis call may take before it fails with a timeout.

@@ -147,11 +147,69 @@ pub fn numsub(reply: &str) -> u64 {
     count.trim().parse().unwrap_or_else(|_| panic!("{reply:?}"))
 }
 
-/// The row of `name` in a `list` table, split into its columns (the
-/// holder column may hold spaces: it is the fifth to the one before last).
-pub fn row(table: &str, name: &str) -> Option<Vec<String>> {
-    table
-        .lines()
-        .find(|line| line.split_whitespace().next() == Some(name))
-        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+/// Runs `lockctl list` until `ready` holds for its output (the holder
+/// record is written once a hold has lasted a second).
+pub async fn list_until(url: &str, what: &str, ready: impl Fn(&Run) -> bool) -> Run {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let list = lockctl(url, &["list"], "").await;
+        if ready(&list) {
+            return list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until {what}: {list:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The row of `name` in a `list` table, as its cells by column name
+/// (`row["HOLDER"]`): cut at the header's column starts (cells are padded to
+/// their column's width, and may hold spaces).
+pub fn row(table: &str, name: &str) -> Option<Row> {
+    let mut lines = table.lines();
+    let header: Vec<char> = lines.next()?.chars().collect();
+    let mut starts = Vec::new();
+    for (at, c) in header.iter().enumerate() {
+        if *c != ' ' && (at == 0 || header[at - 1] == ' ') {
+            let end = header[at..]
+                .iter()
+                .position(|c| *c == ' ')
+                .map_or(header.len(), |len| at + len);
+            starts.push((at, header[at..end].iter().collect::<String>()));
+        }
+    }
+    let line: Vec<char> = lines
+        .find(|line| line.split_whitespace().next() == Some(name))?
+        .chars()
+        .collect();
+    let cells = starts
+        .iter()
+        .enumerate()
+        .map(|(i, (start, column))| {
+            let end = starts.get(i + 1).map_or(line.len(), |(next, _)| *next);
+            let cell: String = line
+                .get(*start.min(&line.len())..end.min(line.len()))
+                .unwrap_or_default()
+                .iter()
+                .collect();
+            (column.clone(), cell.trim().to_owned())
+        })
+        .collect();
+    Some(Row(cells))
+}
+
+/// A table row's cells by column name.
+#[derive(Debug)]
+pub struct Row(std::collections::BTreeMap<String, String>);
+
+impl std::ops::Index<&str> for Row {
+    type Output = String;
+
+    fn index(&self, column: &str) -> &String {
+        self.0
+            .get(column)
+            .unwrap_or_else(|| panic!("no column {column} in {self:?}"))
+    }
 }

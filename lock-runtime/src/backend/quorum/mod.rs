@@ -43,7 +43,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use self::attempt::{undecided, unreachable, QuorumClock};
 use self::nodes::{answered, Nodes, Silence};
 use super::RedisBackend;
-use super::{Acquire, AcquireRequest, Backend, Found, Kind, Pass, Release, RenewItem, Snapshot};
+use super::{
+    Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
+};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
@@ -454,6 +456,75 @@ impl Backend for QuorumBackend {
             .await
             .into_iter()
             .collect()
+        })
+    }
+
+    fn write_record<'a>(
+        &'a self,
+        write: &'a RecordWrite<'a>,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        // Every node, each under its own deadline: a stopped node fails the
+        // write (which the writer then repeats whole), not the others.
+        Box::pin(async move {
+            let answers = join_all(self.nodes.iter().map(|node| async move {
+                tokio::time::timeout(self.deadline, node.redis.write_holder_record(write))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(LockError::redis(
+                            write.key,
+                            "write of the holder record",
+                            crate::backend::connection::timed_out(self.deadline),
+                        ))
+                    })
+            }))
+            .await;
+            let mut existed = true;
+            for answer in answers {
+                existed &= answer?;
+            }
+            Ok(existed)
+        })
+    }
+
+    fn read_record<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, LockError>> {
+        Box::pin(async move {
+            let answers = join_all(self.nodes.iter().map(|node| async move {
+                tokio::time::timeout(self.deadline, node.redis.read_holder_record(key))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(LockError::redis(
+                            key,
+                            "read of the holder record",
+                            crate::backend::connection::timed_out(self.deadline),
+                        ))
+                    })
+            }))
+            .await;
+            let mut merged: Vec<(String, String)> = Vec::new();
+            let mut first_error = None;
+            let mut answered = false;
+            for answer in answers {
+                match answer {
+                    Ok(fields) => {
+                        answered = true;
+                        for (field, value) in fields {
+                            if !merged.iter().any(|(known, _)| *known == field) {
+                                merged.push((field, value));
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        first_error.get_or_insert(error);
+                    }
+                }
+            }
+            match first_error {
+                Some(error) if !answered => Err(error),
+                _ => Ok(merged),
+            }
         })
     }
 }
