@@ -319,6 +319,7 @@ async fn the_loss_metric_is_labelled_by_the_true_cause() {
     let server = RedisServer::start();
     let client = client(&server);
     let lost = Lock::new("metric:deleted")
+        .metric_label("metric:<cause>")
         .ttl(TTL)
         .renew()
         .client(client.clone())
@@ -333,7 +334,11 @@ async fn the_loss_metric_is_labelled_by_the_true_cause() {
         .into_vec()
         .into_iter()
         .filter(|(key, _, _, _)| key.key().name() == "lock_lost_total")
-        .filter(|(key, _, _, _)| key.key().labels().any(|label| label.value() == "metric"))
+        .filter(|(key, _, _, _)| {
+            key.key()
+                .labels()
+                .any(|label| label.value() == "metric:<cause>")
+        })
         .map(|(key, _, _, value)| {
             let cause = key
                 .key()
