@@ -1,10 +1,27 @@
 #!/usr/bin/awk -f
-# Reads the output of `cargo test` (one or more runs) and prints one line
-# adding up every test binary's results, then the name of each failing test
-# with its binary, and each binary that ended without a result (crashed,
-# killed, or failed to build). Exits 1 when anything failed.
-# `Running tests/x.rs (target/debug/deps/x-<hash>)`: the binary is `x`;
-# `Doc-tests crate`: `doc-tests crate`.
+# Reads the output of the test command (cargo-nextest runs and cargo test
+# runs, one after another) and prints one line adding up every run's
+# results, then the name of each failing test with its binary, and each
+# test binary that ended without a result (crashed, or failed to build).
+# Exits 1 when anything failed.
+
+# cargo-nextest: `Summary [ 117.0s] 361 tests run: 360 passed, 1 failed, ...`
+# and `FAIL [ 1.234s] (12/361) lock-tests::quorum name` per failure (once as
+# it happens, once in the final list: counted once).
+/^ +Summary \[/ {
+    for (i = 1; i <= NF; i++) {
+        if ($(i + 1) ~ /^passed/) passed += $i
+        if ($(i + 1) ~ /^failed/) failed += $i
+    }
+}
+/^ +(FAIL|TIMEOUT|SIGSEGV|SIGABRT|ABORT) \[/ {
+    name = $0
+    sub(/^ +[A-Z]+ \[[^]]*\] (\([0-9]+\/[0-9]+\) )?/, "", name)
+    if (!(name in seen)) { seen[name] = 1; failures[++count] = name }
+}
+
+# cargo test (the doctests): `Running ...` / `Doc-tests crate` name the
+# binary, `test result:` adds up, `test x ... FAILED` names a failure.
 /^     Running / || /^   Doc-tests / {
     if ($1 == "Running") {
         binary = $NF

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, then cargo fmt --check, clippy and
-# cargo doc with warnings denied. Installs redis-server first when it is
-# missing; each test starts its own redis-server on a free loopback port.
-# Every test binary runs even when one fails (--no-fail-fast); the run ends
-# with one line adding up every binary's results and the name of each
-# failing test (with its binary), so one failure hides nothing.
+# cargo doc with warnings denied. Installs redis-server and cargo-nextest
+# first when they are missing; each test starts its own redis-server on a
+# free loopback port.
+#
+# The tests run under cargo-nextest (.config/nextest.toml: each test in its
+# own process, four at once), then the documentation's examples (doctests)
+# under cargo test. Every test runs even when one fails; the run ends with
+# one line adding up the results and the name of each failing test, so one
+# failure hides nothing.
 #
 # The workspace run builds lock-runtime with the features its packages ask
 # for together (Cargo unifies them: the tests turn on tls-rustls and
@@ -14,12 +18,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/ensure-redis-server.sh
+scripts/ensure-nextest.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 started=$(date +%s)
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=1
-cargo test -p lock-runtime --lib --locked 2>&1 | tee -a "$log" || status=1
+cargo nextest run --workspace --locked 2>&1 | tee "$log" || status=1
+cargo nextest run -p lock-runtime --lib --locked 2>&1 | tee -a "$log" || status=1
+cargo test --workspace --doc --locked 2>&1 | tee -a "$log" || status=1
 scripts/test-summary.awk "$log" || status=1
 echo "tests took $(( $(date +%s) - started )) s"
 # The code's own checks: formatting, lints, documentation (warnings are errors).
