@@ -32,6 +32,16 @@
 //!   renew)]` that INCRs COUNTER every 10 ms until `finish` arrives on stdin;
 //!   prints `in-body` once it has started, then `returned` or
 //!   `lost CAUSE` when the call returns.
+//! - `chaos KEY TASKS CALLS SEED`: prints `ready` (a free lock taken and
+//!   released first), waits for `go`, then TASKS tasks each make CALLS
+//!   calls of the manual API on KEY with options drawn from SEED: `wait`
+//!   of 0 (a try), 50 ms, 300 ms or 2 s, `renew` or not, `fencing` or not,
+//!   ttl 10 s, and one call in four cancelled (dropped) after a random part
+//!   of its wait. A held lock runs a 0-20 ms section that INCRs
+//!   `KEY:inside` on the bookkeeping server, checks it is 1 (else INCRs
+//!   `KEY:overlaps`), DECRs it, and is released. Prints `done calls=N
+//!   held=H cancelled=C errors=E overrun_ms=O` (O: the most any call took
+//!   beyond its wait) and, after `|`, each kind of error seen once.
 //! - `contend KEY MILLIS`: tries the lock again and again for MILLIS ms;
 //!   prints `tries=N acquired=M`.
 //! - `fenced-writer KEY TTL_MS`: takes the lock (a fixed lease), prints
@@ -128,6 +138,9 @@ async fn main() {
         ["try", key] => try_once(key).await,
         ["renewed", key, counter] => renewed(key, counter).await,
         ["contend", key, millis] => contend(key, parse(millis)).await,
+        ["chaos", key, tasks, calls, seed] => {
+            chaos(key, parse(tasks), parse(calls), parse(seed)).await
+        }
         ["fenced-writer", key, ttl_ms] => fenced_writer(key, parse(ttl_ms)).await,
         ["quick-job", key] => quick_job(key, false).await,
         ["quick-job", key, "30s"] => quick_job(key, true).await,
@@ -541,6 +554,131 @@ async fn renewed(key: &str, counter: &str) {
         Ok(()) => say("returned"),
         Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
         Err(error) => say(&format!("error: {error}")),
+    }
+}
+
+/// A small xorshift generator: the chaos worker's draws, repeatable from
+/// the seed the test prints.
+struct Draws(u64);
+
+impl Draws {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
+
+#[derive(Default)]
+struct ChaosTally {
+    calls: u64,
+    held: u64,
+    cancelled: u64,
+    errors: u64,
+    overrun: Duration,
+    kinds: std::collections::BTreeSet<String>,
+}
+
+async fn chaos(key: &str, tasks: u64, calls: u64, seed: u64) {
+    let warm = Lock::new(format!("{key}:warm:{}", std::process::id()))
+        .try_acquire()
+        .await;
+    warm.expect("a free lock")
+        .release()
+        .await
+        .expect("released");
+    say("ready");
+    assert_eq!(next_line().await, "go");
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let key = key.to_owned();
+        let mut draws = Draws(seed.wrapping_mul(31).wrapping_add(task + 1) | 1);
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            let mut tally = ChaosTally::default();
+            for _ in 0..calls {
+                chaos_call(&key, &mut draws, &mut redis, &mut tally).await;
+            }
+            tally
+        }));
+    }
+    let mut total = ChaosTally::default();
+    for handle in handles {
+        let tally = handle.await.unwrap();
+        total.calls += tally.calls;
+        total.held += tally.held;
+        total.cancelled += tally.cancelled;
+        total.errors += tally.errors;
+        total.overrun = total.overrun.max(tally.overrun);
+        total.kinds.extend(tally.kinds);
+    }
+    let kinds: Vec<String> = total.kinds.into_iter().collect();
+    say(&format!(
+        "done calls={} held={} cancelled={} errors={} overrun_ms={}|{}",
+        total.calls,
+        total.held,
+        total.cancelled,
+        total.errors,
+        total.overrun.as_millis(),
+        kinds.join("; ")
+    ));
+}
+
+async fn chaos_call(key: &str, draws: &mut Draws, redis: &mut Redis, tally: &mut ChaosTally) {
+    let wait = [0, 50, 300, 2_000][draws.below(4) as usize];
+    let mut lock = Lock::new(key).ttl(Duration::from_secs(10));
+    if wait > 0 {
+        lock = lock.wait(Duration::from_millis(wait));
+    }
+    if draws.below(2) == 0 {
+        lock = lock.renew();
+    }
+    if draws.below(2) == 0 {
+        lock = lock.fencing();
+    }
+    let cancel_after = (draws.below(4) == 0).then(|| Duration::from_millis(draws.below(wait + 1)));
+    let section = Duration::from_millis(draws.below(21));
+    tally.calls += 1;
+    let started = std::time::Instant::now();
+    let outcome = match cancel_after {
+        Some(after) => match tokio::time::timeout(after, lock.acquire()).await {
+            Ok(outcome) => Some(outcome),
+            Err(_) => None,
+        },
+        None => Some(lock.acquire().await),
+    };
+    let took = started.elapsed();
+    tally.overrun = tally
+        .overrun
+        .max(took.saturating_sub(Duration::from_millis(wait)));
+    match outcome {
+        None => tally.cancelled += 1,
+        Some(Ok(guard)) => {
+            tally.held += 1;
+            let inside: i64 = redis.incr(format!("{key}:inside"), 1).await.unwrap();
+            if inside != 1 {
+                let _: i64 = redis.incr(format!("{key}:overlaps"), 1).await.unwrap();
+            }
+            tokio::time::sleep(section).await;
+            let _: i64 = redis.decr(format!("{key}:inside"), 1).await.unwrap();
+            if let Err(error) = guard.release().await {
+                tally.errors += 1;
+                tally.kinds.insert(format!("release: {error}"));
+            }
+        }
+        Some(Err(LockError::Busy { .. } | LockError::WaitTimeout { .. })) => {}
+        Some(Err(error)) => {
+            tally.errors += 1;
+            // The kind of error, without the figures that vary.
+            let text = error.to_string();
+            let kind = text.split(" (not answering").next().unwrap_or(&text);
+            tally.kinds.insert(kind.to_owned());
+        }
     }
 }
 

@@ -279,10 +279,12 @@ impl QuorumBackend {
             // hold it now).
             self.give_back_everywhere(&ballot);
             self.step_out_of_line(place, &ballot);
+            let fence_short = (raised < quorum).then_some((raised, quorum));
             return Err(not_held_in_time(
                 request.keys,
                 started.elapsed(),
                 request.ttl_ms,
+                fence_short,
             ));
         }
         // Not held: given back on the nodes that granted it or whose answer
@@ -297,6 +299,7 @@ impl QuorumBackend {
                 request.keys,
                 started.elapsed(),
                 request.ttl_ms,
+                None,
             ));
         }
         let answers = said
@@ -716,22 +719,32 @@ fn random_below(most: Duration) -> Duration {
     Duration::from_micros(u64::from(u32::from_be_bytes(bytes)) % micros)
 }
 
-/// The error of an attempt that a majority granted, but whose validity ran
-/// out before it was held (the nodes answered too slowly for the ttl, or the
-/// fencing write-back did not reach a majority in time). Given back.
-fn not_held_in_time(keys: &LockKeys, elapsed: Duration, ttl_ms: u64) -> LockError {
+/// The error of an attempt that a majority granted but that was not held:
+/// its validity ran out first (the nodes answered too slowly for the ttl),
+/// or its fencing write-back reached only `fence_short.0` of the
+/// `fence_short.1` nodes needed in time. Given back.
+fn not_held_in_time(
+    keys: &LockKeys,
+    elapsed: Duration,
+    ttl_ms: u64,
+    fence_short: Option<(usize, usize)>,
+) -> LockError {
+    let text = match fence_short {
+        Some((raised, needed)) => format!(
+            "a majority granted the lock, but its fencing token reached only {raised} of the \
+             {needed} nodes needed within {elapsed:?}; it was given back: check the nodes that \
+             did not answer, or give a longer ttl (each node's timeout is a tenth of it)"
+        ),
+        None => format!(
+            "a majority granted the lock, but after {elapsed:?} of its {ttl_ms} ms ttl no \
+             validity was left; it was given back: give a longer ttl, or check the nodes' \
+             latency"
+        ),
+    };
     LockError::redis(
         keys.name(),
         "acquire",
-        std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!(
-                "a majority granted the lock, but after {elapsed:?} of its {ttl_ms} ms ttl no \
-                 validity was left (or its fencing token did not reach a majority in time); it \
-                 was given back: give a longer ttl, or check the nodes' latency"
-            ),
-        )
-        .into(),
+        std::io::Error::new(std::io::ErrorKind::TimedOut, text).into(),
     )
 }
 
