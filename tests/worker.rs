@@ -646,10 +646,7 @@ async fn chaos_call(key: &str, draws: &mut Draws, redis: &mut Redis, tally: &mut
     tally.calls += 1;
     let started = std::time::Instant::now();
     let outcome = match cancel_after {
-        Some(after) => match tokio::time::timeout(after, lock.acquire()).await {
-            Ok(outcome) => Some(outcome),
-            Err(_) => None,
-        },
+        Some(after) => tokio::time::timeout(after, lock.acquire()).await.ok(),
         None => Some(lock.acquire().await),
     };
     let took = started.elapsed();
