@@ -12,6 +12,7 @@ mod duration;
 mod expand;
 mod key_template;
 mod return_kind;
+mod suggest;
 
 use proc_macro::TokenStream;
 

@@ -18,9 +18,14 @@ mod redact;
 mod tls;
 mod token;
 
+pub mod attribute;
+
+/// What `#[distributed_lock]` expands to calls. Not a public API: only the
+/// attribute's expansion uses it.
 #[doc(hidden)]
-#[path = "attribute.rs"]
-pub mod __private;
+pub mod __private {
+    pub use crate::attribute::{run, LockClient, NotAcquired};
+}
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{ConfigError, LockError, LostCause};
