@@ -37,5 +37,9 @@ pub use lease::guard::{LockGuard, OnLost};
 pub use lease::renewal::RenewalStats;
 pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
+/// The `redis` crate this one is built on, re-exported so that
+/// [`LockError::Redis`]'s `source` (a [`redis::RedisError`]) can be named
+/// without a `redis` dependency of your own, at the same version.
+pub use redis;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;

@@ -388,7 +388,8 @@ impl Lock {
     /// dropped, the lock is released in the background. If the release after
     /// a finished body finds the lock already lost (a body that outlived an
     /// unrenewed ttl), the body's output is still returned, since its work is
-    /// done, and the loss is logged at error level.
+    /// done, and the loss is logged once, at warn level, in the `lock.hold`
+    /// span.
     ///
     /// # Errors
     ///
