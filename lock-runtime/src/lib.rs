@@ -6,9 +6,11 @@
 // `Lock`, its guard), the client, the lease machinery every lock kind shares
 // (`lease`), and the backend (`backend`: every Redis call and its replies).
 // `admin` (inspection, force release: lockctl) sits beside the fronts.
-pub mod admin;
 mod backend;
 mod client;
+// After `client`: rustdoc lists `Client`'s own methods (`new`, ...) before
+// the admin ones (`inspect`, `force_release`).
+pub mod admin;
 mod error;
 mod fronts;
 mod keys;
@@ -37,9 +39,9 @@ pub use lease::guard::{LockGuard, OnLost};
 pub use lease::renewal::RenewalStats;
 pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
+#[cfg(feature = "metrics")]
+pub use observe::describe_metrics;
 /// The `redis` crate this one is built on, re-exported so that
 /// [`LockError::Redis`]'s `source` (a [`redis::RedisError`]) can be named
 /// without a `redis` dependency of your own, at the same version.
 pub use redis;
-#[cfg(feature = "metrics")]
-pub use observe::describe_metrics;

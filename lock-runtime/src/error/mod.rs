@@ -157,6 +157,33 @@ impl std::fmt::Display for LostCause {
 ///
 /// Each message says what happened and what to do about it. No variant ever
 /// carries a password: Redis URLs are shown with the password masked.
+///
+/// ```no_run
+/// use lock_runtime::redis::RedisError; // the `redis` crate, re-exported
+/// use lock_runtime::{Lock, LockError};
+///
+/// async fn settle(id: u64) -> &'static str {
+///     match Lock::new(format!("order:{id}")).run(async { /* settle it */ }).await {
+///         Ok(()) => "settled",
+///         // `Busy` or `WaitTimeout`: another instance is settling it.
+///         Err(error) if error.is_busy() => "being settled elsewhere",
+///         Err(LockError::Lost { cause, .. }) => {
+///             eprintln!("order {id}: lock lost ({cause}); check the order");
+///             "check"
+///         }
+///         Err(LockError::Redis { source, .. }) => {
+///             let source: RedisError = source;
+///             eprintln!("order {id}: Redis: {source}");
+///             "retry later"
+///         }
+///         // Configuration errors, and variants added later.
+///         Err(error) => {
+///             eprintln!("order {id}: {error}");
+///             "failed"
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
