@@ -585,8 +585,9 @@ impl Client {
 
     /// How many tasks of this client wait in the process for the lock
     /// `name`, queued behind the one of them that holds it or waits for it
-    /// in Redis (see the README's "In-process hand-off"). 0 for an invalid
-    /// name.
+    /// in Redis (see the guide,
+    /// [Waiting and hand-off](crate::guide::attribute#waiting-and-hand-off)).
+    /// 0 for an invalid name.
     pub fn waiting_in_process(&self, name: &str) -> usize {
         LockKeys::new(self.key_prefix(), name, "")
             .map_or(0, |keys| self.inner.core.cohorts().waiting(&keys.lock))

@@ -1,4 +1,8 @@
 // The README is the crate's front page: its examples compile as doctests.
+// Its links to the guide are references, defined at its end for the
+// repository and first here, in `guide/links.md`, for rustdoc (the first
+// definition of a label wins).
+#![doc = include_str!("guide/links.md")]
 #![doc = include_str!("../../README.md")]
 #![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
@@ -21,6 +25,7 @@ mod tls;
 mod token;
 
 pub mod attribute;
+pub mod guide;
 
 /// What `#[distributed_lock]` expands to calls. Not a public API: only the
 /// attribute's expansion uses it.

@@ -118,8 +118,8 @@ impl LostCause {
                  with room, a restart without persistence, a failover: see acknowledged mode)"
             }
             LostCause::PermissionDenied => {
-                "grant the Redis user the permission the logged warning names (the README's \
-                 minimal ACL rule)"
+                "grant the Redis user the permission the logged warning names (the minimal ACL \
+                 rule in lock_runtime's guide, Configuration)"
             }
             LostCause::Refused => "see the logged warning for Redis's error",
         }
@@ -299,7 +299,8 @@ fn advice(source: &redis::RedisError) -> &'static str {
     }
     match source.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            "the Redis user lacks a permission: grant it, see the README's minimal ACL rule"
+            "the Redis user lacks a permission: grant it, see the minimal ACL rule in \
+             lock_runtime's guide, Configuration"
         }
         ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
         _ if crate::backend::is_script_error(source) => {

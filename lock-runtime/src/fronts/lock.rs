@@ -207,7 +207,7 @@ impl Lock {
         self
     }
 
-    /// The `lock` label of this lock's metrics (README, "Metrics"): name
+    /// The `lock` label of this lock's metrics (the guide, "Metrics"): name
     /// the *kind* of lock, never one of its ids, so that the label has a
     /// bounded set of values: `Lock::new(format!("order:{id}"))
     /// .metric_label("order:<id>")`. `#[distributed_lock]` labels its locks
@@ -220,7 +220,7 @@ impl Lock {
     }
 
     /// What takes the lock, as lockctl shows it beside the holder's
-    /// instance, host and process (the holder record, README "Operating:
+    /// instance, host and process (the holder record, the guide, "Operating:
     /// lockctl"): a function path such as `"billing::charge"`, or a job's
     /// name. `#[distributed_lock]` names the annotated function. Costs
     /// nothing on the way to Redis: the record is written in the background.
@@ -273,7 +273,7 @@ impl Lock {
     }
 
     /// `acquiring` inside the `lock.acquire` span, whose fields say how it
-    /// ended (README, "Tracing").
+    /// ended (the guide, "Tracing").
     async fn traced(
         &self,
         acquiring: impl Future<Output = Result<LockGuard, LockError>>,
