@@ -15,6 +15,24 @@ pub use config::ConfigError;
 /// removed the key ([`Deleted`](LostCause::Deleted),
 /// [`Replaced`](LostCause::Replaced)). Each cause's `Display` ends with
 /// advice that fits it.
+///
+/// ```no_run
+/// # async fn build_report() {}
+/// # async fn demo() {
+/// use std::time::Duration;
+/// use lock_runtime::{Lock, LockError, LostCause};
+///
+/// let report = Lock::new("report").ttl(Duration::from_secs(10)).renew();
+/// match report.run(build_report()).await {
+///     Err(LockError::Lost { cause: LostCause::MaxHold, .. }) => {
+///         eprintln!("the report ran past max_hold and was stopped");
+///     }
+///     Err(LockError::Lost { cause, .. }) => eprintln!("stopped: the lock was lost ({cause})"),
+///     Err(error) => eprintln!("not run: {error}"),
+///     Ok(()) => {}
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostCause {

@@ -16,6 +16,24 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 /// What to do with the body when a renewed lock is lost.
+///
+/// ```no_run
+/// # async fn rebalance() {}
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::{Lock, OnLost};
+///
+/// // The body only moves data it can move twice: finish it even if the
+/// // lock is lost (the loss is logged at warn). The attribute's
+/// // `on_lost = "continue"`.
+/// Lock::new("rebalance")
+///     .ttl(Duration::from_secs(10))
+///     .renew()
+///     .on_lost(OnLost::Continue)
+///     .run(rebalance())
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnLost {
     /// Drop the body's future (it is cancelled at its next await point) and
