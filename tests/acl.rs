@@ -1,5 +1,5 @@
 //! ACL: a Redis user allowed only what this library needs (the rule in the
-//! README, "Configuration") runs every primitive; a user missing one
+//! the guide, "Configuration") runs every primitive; a user missing one
 //! permission gets an error naming it, at once, not a hang.
 
 mod common;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, RwLock, Semaphore};
 
-/// The README's minimal rule for the default `lock:` prefix, for a user
+/// The guide's minimal rule (Configuration) for the default `lock:` prefix, for a user
 /// whose password is `secret`.
 fn rule() -> Vec<&'static str> {
     [&["on", ">secret"][..], test_support::LOCK_ACL].concat()

@@ -1,5 +1,5 @@
 //! Every refusal names its real cause (issue 30): a Redis user missing one
-//! command of the README's minimal ACL rule gets, at once, a permission
+//! command of the guide's minimal ACL rule (Configuration) gets, at once, a permission
 //! error naming that command and the rule to add, whether the command is
 //! sent by the client or run inside a script; a renewal refused for a
 //! permission is a loss with that cause, logged once; a user that may not
@@ -62,7 +62,7 @@ fn fmt_into(output: &Output) -> tracing::subscriber::DefaultGuard {
     )
 }
 
-/// The README's minimal rule without `without` (a command such as `rpush`,
+/// The guide's minimal rule (Configuration) without `without` (a command such as `rpush`,
 /// or a whole item such as `&lock-waiters:*`), for a user whose password is
 /// `secret`.
 fn rule_without(without: &str) -> Vec<&'static str> {
@@ -86,7 +86,7 @@ fn user(server: &RedisServer, name: &str, rule: &[&str]) -> Client {
     Client::new(Config::new(url)).unwrap()
 }
 
-/// The commands of the README's minimal rule that the lock scripts run,
+/// The commands of the guide's minimal rule that the lock scripts run,
 /// read from the scripts themselves (`redis.call('CMD'`). `publish` and
 /// `spublish` are left out: a refused message is not an error (tested
 /// below), and `spublish` runs only on a cluster.

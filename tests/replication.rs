@@ -314,7 +314,7 @@ async fn acknowledged_acquisitions_do_not_wait_behind_each_others_wait() {
 /// give-back), not at Redis's next tick after it (`WAIT`'s timeout is
 /// checked every 100 ms: 200 ms asked took up to 300). A refused fenced
 /// acquisition leaves no lock, and its fencing counter, which must keep
-/// increasing whatever happens to the lock, stays (README, design §12).
+/// increasing whatever happens to the lock, stays (the guide's Configuration, design §12).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_comes_within_the_timeout_plus_one_round_trip() {
     let (primary, replica) = primary_with_replica();

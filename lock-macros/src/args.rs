@@ -7,10 +7,29 @@ use syn::spanned::Spanned;
 use syn::LitStr;
 
 use crate::duration::{check_at_most_a_year, check_renewed_ttl, parse_duration};
+use crate::suggest;
 
 const ARGUMENTS: &str = "`key`, `ttl`, `wait`, `renew`, `max_hold`, `on_lost`, `fair`, \
                          `fencing`, `hold_at_least`, `read`, `write`, `permits`, `client` or \
                          `crate`";
+
+/// Every argument's name, for "did you mean".
+const ARGUMENT_NAMES: &[&str] = &[
+    "key",
+    "ttl",
+    "wait",
+    "renew",
+    "max_hold",
+    "on_lost",
+    "fair",
+    "fencing",
+    "hold_at_least",
+    "read",
+    "write",
+    "permits",
+    "client",
+    "crate",
+];
 
 /// What the function's body runs under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,7 +222,7 @@ impl ArgsParser {
                     (continue_on_lost, literal.span()),
                 )
             }
-            other => Err(meta.error(format!("unknown argument `{other}`: expected {ARGUMENTS}"))),
+            other => Err(meta.error(unknown_argument(other))),
         }
     }
 
@@ -315,6 +334,15 @@ impl ArgsParser {
                 _ => LockKind::Exclusive,
             },
         })
+    }
+}
+
+/// What an unknown argument's error says: what was meant, when a known
+/// argument is one typo away, else every argument.
+fn unknown_argument(written: &str) -> String {
+    match suggest::closest(written, ARGUMENT_NAMES) {
+        Some(meant) => format!("unknown argument `{written}`: did you mean `{meant}`?"),
+        None => format!("unknown argument `{written}`: expected {ARGUMENTS}"),
     }
 }
 
@@ -833,6 +861,14 @@ mod tests {
         assert_eq!(
             error(quote!(key = "job", read = true)),
             "`read` is a flag and takes no value: write `read`"
+        );
+        assert_eq!(
+            error(quote!(key = "job", tll = "10s")),
+            "unknown argument `tll`: did you mean `ttl`?"
+        );
+        assert_eq!(
+            error(quote!(key = "job", fence)),
+            "unknown argument `fence`: did you mean `fencing`?"
         );
         assert_eq!(
             error(quote!(key = "job", shared)),

@@ -11,7 +11,9 @@ use crate::key_template::parse_key;
 use crate::return_kind::check_return_type;
 
 /// Expands `#[distributed_lock(args)] item`. On error, the error is emitted
-/// beside the unchanged function so that no further errors cascade from it.
+/// beside the unchanged function (as tokio-macros and tracing-attributes do),
+/// so that no further errors cascade from it: callers still see the function
+/// and its signature.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let function: ItemFn = match syn::parse2(item.clone()) {
         Ok(function) => function,
@@ -25,7 +27,10 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     match parse_args(args).and_then(|args| rewrite(args, &function)) {
         Ok(tokens) => tokens,
-        Err(error) => error_beside(error, quote!(#function)),
+        // The function as written, without the key and the `client`
+        // expression that would have used its parameters: `unused variable`
+        // warnings there would only hide the error.
+        Err(error) => error_beside(error, quote!(#[allow(unused_variables)] #function)),
     }
 }
 
@@ -93,8 +98,12 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
             proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, quote!(#client));
         parenthesized.set_span(last);
         let krate = krate_at(&args, first);
+        // A type that is not a client is an error naming the type and the
+        // trait `attribute::LockClient`, which says what to write (reached
+        // through `__private`, as `run` is, so that a wrong `crate =` path is
+        // one error at each place, not one per name).
         let client = quote_spanned!(first=>
-            #krate::__private::lock_client(&#parenthesized)
+            #krate::__private::LockClient::lock_client(&#parenthesized)
         );
         lock = quote!(#lock.client(#client));
     }
@@ -133,20 +142,32 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     // The key as written: the `lock` label of the metrics (never a
     // rendered id).
     let template = &args.key;
-    // Naming the return type makes a return type the runtime cannot use an
-    // error at the return type, naming it as written.
-    let run = match &sig.output {
-        syn::ReturnType::Type(_, ty) if !mentions_impl_trait(ty) => {
-            let krate = krate_at(&args, ty.span());
-            quote_spanned!(ty.span()=> #krate::__private::run::<#ty>)
-        }
+    // The return type is checked once, where `not_acquired` is named, at the
+    // return type as written: a type the runtime cannot use is one error
+    // there, naming the type (and, for `Result<T, E>`, the `E` without
+    // `From<LockError>`). `run` itself has no bound, so that nothing else
+    // repeats the error.
+    let (run, not_acquired) = match &sig.output {
         syn::ReturnType::Type(_, ty) => {
-            let krate = krate_at(&args, ty.span());
-            quote_spanned!(ty.span()=> #krate::__private::run)
+            let span = ty.span();
+            let krate = krate_at(&args, span);
+            // `impl Trait` cannot be named: inferred from the body.
+            let named = if mentions_impl_trait(ty) {
+                quote_spanned!(span=> _)
+            } else {
+                quote!(#ty)
+            };
+            (
+                quote_spanned!(span=> #krate::__private::run::<#named>),
+                quote_spanned!(span=> <#named as #krate::__private::NotAcquired>::not_acquired),
+            )
         }
         syn::ReturnType::Default => {
             let krate = krate_at(&args, Span::call_site());
-            quote!(#krate::__private::run::<()>)
+            (
+                quote!(#krate::__private::run::<()>),
+                quote!(<() as #krate::__private::NotAcquired>::not_acquired),
+            )
         }
     };
     // syn puts the body's inner attributes (`#![allow(..)]`) with the outer
@@ -163,6 +184,7 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
                 ::core::concat!(::core::module_path!(), "::", #name),
                 #template,
                 async move #block,
+                #not_acquired,
             )
             .await
         }
@@ -377,7 +399,11 @@ mod tests {
                 "{expanded}"
             );
             assert!(
-                expanded.contains("crate :: locks :: __private :: lock_client"),
+                expanded.contains("crate :: locks :: __private :: LockClient :: lock_client"),
+                "{expanded}"
+            );
+            assert!(
+                expanded.contains("crate :: locks :: __private :: NotAcquired"),
                 "{expanded}"
             );
             assert!(

@@ -72,6 +72,7 @@ pub(crate) fn parse_key(literal: &LitStr, signature: &Signature) -> syn::Result<
         ));
     }
     let parameters = parameter_names(signature);
+    check_format_style(literal, &text, &parameters)?;
     let mut template = KeyTemplate {
         format: String::new(),
         args: Vec::new(),
@@ -110,6 +111,75 @@ pub(crate) fn parse_key(literal: &LitStr, signature: &Signature) -> syn::Result<
     Ok(template)
 }
 
+/// `{id}` where `id` is a parameter (or `{order.id}`, a field path under one)
+/// is a placeholder written as in `format!`: braces are literal text in a
+/// key, so every call would share the one lock named `order:{id}`. Braces
+/// that name no parameter (a Redis hash tag such as `{tenant}`) stay literal.
+fn check_format_style(literal: &LitStr, text: &str, parameters: &[String]) -> syn::Result<()> {
+    let mut found: Vec<(usize, &str, &str)> = Vec::new();
+    let mut from = 0;
+    while let Some(open) = text[from..].find('{').map(|i| from + i) {
+        let Some(close) = text[open + 1..].find(['{', '}']).map(|i| open + 1 + i) else {
+            break;
+        };
+        if text.as_bytes()[close] == b'{' {
+            from = close;
+            continue;
+        }
+        let inside = &text[open + 1..close];
+        // `{id}`, `{ order.id }`, and `{id:?}` as `format!` would take it.
+        let path = inside.strip_suffix(":?").unwrap_or(inside).trim();
+        let written = &text[open..=close];
+        if !path.is_empty()
+            && !path.contains(['<', '>'])
+            && placeholder_expr(path, parameters, literal, text).is_ok()
+        {
+            found.push((open, written, path));
+        }
+        from = close + 1;
+    }
+    let Some(&(first, written, path)) = found.first() else {
+        return Ok(());
+    };
+    let mut fixed = text.to_owned();
+    for &(_, written, path) in found.iter().rev() {
+        if let Some(at) = fixed.rfind(written) {
+            fixed.replace_range(at..at + written.len(), &format!("<{path}>"));
+        }
+    }
+    let root = path.split('.').next().unwrap_or(path).trim();
+    let message = format!(
+        "`{written}` in key \"{text}\" is literal text, not a placeholder: every call would \
+         share the one lock named `{text}`; placeholders are written `<name>`, so write \
+         `key = \"{fixed}\"` to put the value of `{root}` in the key (braces are kept as they \
+         are, e.g. a Redis hash tag `{{tenant}}`; around a value: `{{<{path}>}}`)"
+    );
+    Err(syn::Error::new(
+        subspan(literal, first, written.len()),
+        message,
+    ))
+}
+
+/// The span of `len` bytes of `literal`'s value from byte `start`, where the
+/// compiler can give one (a nightly compiler); the whole literal otherwise.
+fn subspan(literal: &LitStr, start: usize, len: usize) -> proc_macro2::Span {
+    let token = literal.token();
+    let source = token.to_string();
+    let value = literal.value();
+    // The value's bytes sit in the source after the opening quote (`"`,
+    // `r"`, `r#"`) only when nothing in it is escaped.
+    let Some(quote) = source.find('"') else {
+        return literal.span();
+    };
+    let body = quote + 1;
+    if source.get(body..body + value.len()) != Some(value.as_str()) {
+        return literal.span();
+    }
+    token
+        .subspan(body + start..body + start + len)
+        .unwrap_or_else(|| literal.span())
+}
+
 fn push_literal(format: &mut String, text: &str) {
     format.push_str(&text.replace('{', "{{").replace('}', "}}"));
 }
@@ -138,9 +208,14 @@ fn placeholder_expr(
     let mut segments = path.split('.');
     let root = segments.next().unwrap_or_default().trim();
     if !parameters.iter().any(|name| name == root) {
+        let names: Vec<&str> = parameters.iter().map(String::as_str).collect();
+        let advice = match crate::suggest::closest(root, &names) {
+            Some(meant) => format!("did you mean `{meant}`?"),
+            None => listing(parameters),
+        };
         return Err(error(format!(
-            "unknown placeholder `<{path}>` in key \"{text}\": `{root}` is not a parameter; {}",
-            listing(parameters)
+            "unknown placeholder `<{path}>` in key \"{text}\": `{root}` is not a parameter; \
+             {advice}"
         )));
     }
     let span = literal.span();
@@ -311,6 +386,84 @@ mod tests {
     }
 
     #[test]
+    fn format_style_braces_naming_a_parameter_are_refused() {
+        let cases = [
+            (
+                "order:{order_id}",
+                "`{order_id}` in key \"order:{order_id}\" is literal text, not a placeholder: \
+                 every call would share the one lock named `order:{order_id}`; placeholders are \
+                 written `<name>`, so write `key = \"order:<order_id>\"` to put the value of \
+                 `order_id` in the key (braces are kept as they are, e.g. a Redis hash tag \
+                 `{tenant}`; around a value: `{<order_id>}`)",
+            ),
+            (
+                "order:{ order.id }:{left}",
+                "`{ order.id }` in key \"order:{ order.id }:{left}\" is literal text, not a \
+                 placeholder: every call would share the one lock named `order:{ order.id \
+                 }:{left}`; placeholders are written `<name>`, so write `key = \
+                 \"order:<order.id>:<left>\"` to put the value of `order` in the key (braces are \
+                 kept as they are, e.g. a Redis hash tag `{tenant}`; around a value: \
+                 `{<order.id>}`)",
+            ),
+        ];
+        for (text, message) in cases {
+            assert_eq!(error(text), message, "for {text:?}");
+        }
+        // As `format!` would take them too, beside real placeholders.
+        for text in [
+            "{self.shard}",
+            "<left>:{pair.1.0}",
+            "{order_id:?}",
+            "{{order_id}}",
+        ] {
+            assert!(
+                error(text).contains("is literal text, not a placeholder"),
+                "for {text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn braces_naming_no_parameter_stay_literal() {
+        let cases: &[(&str, &str, &[&str])] = &[
+            // Hash tags: the lock's keys in the slot of `tenant`.
+            ("{tenant}:job", "{{tenant}}:job", &[]),
+            (
+                "{tenant}:order:<order_id>",
+                "{{tenant}}:order:{}",
+                &["order_id"],
+            ),
+            // A hash tag around a parameter's value.
+            ("{<order_id>}:job", "{{{}}}:job", &["order_id"]),
+            ("{}", "{{}}", &[]),
+            ("{order_id", "{{order_id", &[]),
+            ("order_id}", "order_id}}", &[]),
+            ("{order.type}", "{{order.type}}", &[]),
+            ("{order_id:x}", "{{order_id:x}}", &[]),
+        ];
+        for &(text, format, args) in cases {
+            let (parsed_format, parsed_args) =
+                parse(text).unwrap_or_else(|error| panic!("{text:?}: {error}"));
+            assert_eq!(parsed_format, format, "for {text:?}");
+            assert_eq!(parsed_args, args, "for {text:?}");
+        }
+    }
+
+    #[test]
+    fn a_misspelt_placeholder_gets_a_suggestion() {
+        assert_eq!(
+            error("order:<ordr_id>"),
+            "unknown placeholder `<ordr_id>` in key \"order:<ordr_id>\": `ordr_id` is not a \
+             parameter; did you mean `order_id`?"
+        );
+        assert_eq!(
+            error("<slef.shard>"),
+            "unknown placeholder `<slef.shard>` in key \"<slef.shard>\": `slef` is not a \
+             parameter; did you mean `self`?"
+        );
+    }
+
+    #[test]
     fn every_pattern_binds_its_names() {
         let bound = names(syn::parse_quote! {
             async fn handler(
@@ -397,7 +550,7 @@ mod tests {
         /// An error names what to write instead.
         fn says_what_to_write(message: &str) -> bool {
             !message.trim().is_empty()
-                && ["write", "written", "e.g.", "use one of"]
+                && ["write", "written", "e.g.", "use one of", "did you mean"]
                     .iter()
                     .any(|advice| message.contains(advice))
         }

@@ -12,6 +12,7 @@ mod duration;
 mod expand;
 mod key_template;
 mod return_kind;
+mod suggest;
 
 use proc_macro::TokenStream;
 
@@ -28,12 +29,17 @@ use proc_macro::TokenStream;
 ///
 /// # Arguments
 ///
-/// Every argument is checked at compile time: a misspelt name, a malformed duration, an unknown
-/// placeholder or two arguments that cannot go together is a compile error pointing at it.
+/// Every argument is checked at compile time: a misspelt name (with "did you mean"), a
+/// malformed duration, an unknown placeholder or two arguments that cannot go together is a
+/// compile error pointing at it. A return type or a `client =` expression the runtime cannot
+/// use is an error naming the type and saying what to write (the traits it names are in
+/// `lock_runtime::attribute`).
 ///
 /// **`key = "..."`** (required): the lock's name. `<name>` is replaced by the `Display` of a
 /// parameter, of a name a parameter's pattern binds, or of a field path under one
-/// (`<order.id>`, `<self.shard>`, `<pair.0>`):
+/// (`<order.id>`, `<self.shard>`, `<pair.0>`). Braces are literal text, as in a Redis Cluster
+/// hash tag (`"{tenant}:job"`, `"{<region>}:orders"`), so `{id}` written as in `format!`, where
+/// `id` is a parameter, is a compile error that says to write `<id>`:
 ///
 /// ```rust,no_run
 /// use lock_runtime::{distributed_lock, LockError};

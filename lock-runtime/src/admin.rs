@@ -344,7 +344,7 @@ impl Client {
     ///
     /// [`LockError::Redis`] when a node cannot be reached or refuses a
     /// command (with an ACL, the user needs `+scan` and `+zcount` beside
-    /// the library's own rule, see the README); over a quorum every node
+    /// the library's own rule, see the guide, Configuration); over a quorum every node
     /// must answer. [`LockError::Config`] for a prefix containing `{` or
     /// `}`.
     pub async fn inspect(&self, prefix: &str) -> Result<Vec<LockInfo>, LockError> {

@@ -25,6 +25,27 @@ pub const REDIS_URL_ENV: &str = "REDIS_URL";
 ///
 /// `Debug` masks the password of the URL and never shows the TLS client
 /// key.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_runtime::Config;
+///
+/// fn main() -> Result<(), lock_runtime::LockError> {
+///     let config = Config::new("redis://:secret@redis.internal:6379/0")
+///         .connect_timeout(Duration::from_secs(2))
+///         .response_timeout(Duration::from_millis(500))
+///         .key_prefix("billing:lock:") // every key the locks use starts with it
+///         .instance("billing-7f9c"); // lockctl's INSTANCE column
+///     println!("{config:?}"); // the password shows as `***`
+///
+///     // A Redis Cluster by its seed nodes, or a quorum of independent masters:
+///     let _cluster = Config::cluster(["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"]);
+///     let _quorum = Config::quorum(["redis://a:6379/", "redis://b:6379/", "redis://c:6379/"]);
+///
+///     // The process-wide client (the attribute's, `Lock::new`'s) uses it:
+///     lock_runtime::init_with(config)
+/// }
+/// ```
 #[derive(Clone)]
 pub struct Config {
     url: String,
@@ -361,6 +382,37 @@ impl fmt::Debug for Config {
 /// Cheap to clone; all clones share the connection. Most programs never build
 /// one: locks use the process-wide client set up by [`init`] or `REDIS_URL`.
 /// Build one with [`Client::new`] to talk to another Redis, or in tests.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lock_runtime::{distributed_lock, Client, Config, Lock, LockError};
+///
+/// #[derive(Clone)]
+/// struct App {
+///     locks: Client,
+/// }
+///
+/// // The attribute locks with the client its `client =` names...
+/// #[distributed_lock(key = "order:<id>", ttl = "10s", client = app.locks)]
+/// async fn settle(app: &App, id: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), LockError> {
+///     // Built once at start-up; clones share the connection.
+///     let app = App { locks: Client::new(Config::new("redis://127.0.0.1:6380/"))? };
+///     settle(&app, 42).await?;
+///     // ... and the manual API with `.client(..)`.
+///     let total = Lock::new("ledger")
+///         .client(app.locks.clone())
+///         .ttl(Duration::from_secs(10))
+///         .run(async { 40 + 2 })
+///         .await?;
+///     assert_eq!(total, 42);
+///     Ok(())
+/// }
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
@@ -391,6 +443,15 @@ impl Client {
     /// option out of range ([`ConfigError::InvalidClientOption`]), or no Tokio
     /// runtime ([`ConfigError::NoRuntime`]). Never a Redis error: nothing is
     /// sent yet.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::{Client, Config};
+    ///
+    /// let client = Client::new(Config::new("redis://127.0.0.1:6379/").key_prefix("app:lock:"))?;
+    /// println!("holder records name this client {}", client.id());
+    /// # Ok(()) }
+    /// ```
     pub fn new(config: Config) -> Result<Self, LockError> {
         let seeds = config.parse_urls()?;
         config.check()?;
@@ -524,8 +585,9 @@ impl Client {
 
     /// How many tasks of this client wait in the process for the lock
     /// `name`, queued behind the one of them that holds it or waits for it
-    /// in Redis (see the README's "In-process hand-off"). 0 for an invalid
-    /// name.
+    /// in Redis (see the guide,
+    /// [Waiting and hand-off](crate::guide::attribute#waiting-and-hand-off)).
+    /// 0 for an invalid name.
     pub fn waiting_in_process(&self, name: &str) -> usize {
         LockKeys::new(self.key_prefix(), name, "")
             .map_or(0, |keys| self.inner.core.cohorts().waiting(&keys.lock))
@@ -559,6 +621,23 @@ static GLOBAL_CLIENTS: LazyLock<Mutex<Vec<(tokio::runtime::Id, Client)>>> =
 ///
 /// Call it once at start-up, before the first lock is taken. Without it, the
 /// first lock reads `REDIS_URL`.
+///
+/// ```no_run
+/// use lock_runtime::{distributed_lock, LockError};
+///
+/// #[distributed_lock(key = "nightly", ttl = "1m")]
+/// async fn nightly() -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), LockError> {
+///     // Once, before the first lock: every `#[distributed_lock]` and
+///     // `Lock::new` without a client of its own uses this Redis.
+///     lock_runtime::init("redis://127.0.0.1:6379/")?;
+///     nightly().await
+/// }
+/// ```
 ///
 /// # Errors
 ///

@@ -1,4 +1,8 @@
 // The README is the crate's front page: its examples compile as doctests.
+// Its links to the guide are references, defined at its end for the
+// repository and first here, in `guide/links.md`, for rustdoc (the first
+// definition of a label wins).
+#![doc = include_str!("guide/links.md")]
 #![doc = include_str!("../../README.md")]
 #![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
@@ -6,9 +10,11 @@
 // `Lock`, its guard), the client, the lease machinery every lock kind shares
 // (`lease`), and the backend (`backend`: every Redis call and its replies).
 // `admin` (inspection, force release: lockctl) sits beside the fronts.
-pub mod admin;
 mod backend;
 mod client;
+// After `client`: rustdoc lists `Client`'s own methods (`new`, ...) before
+// the admin ones (`inspect`, `force_release`).
+pub mod admin;
 mod error;
 mod fronts;
 mod keys;
@@ -18,9 +24,15 @@ mod redact;
 mod tls;
 mod token;
 
+pub mod attribute;
+pub mod guide;
+
+/// What `#[distributed_lock]` expands to calls. Not a public API: only the
+/// attribute's expansion uses it.
 #[doc(hidden)]
-#[path = "attribute.rs"]
-pub mod __private;
+pub mod __private {
+    pub use crate::attribute::{run, LockClient, NotAcquired};
+}
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{ConfigError, LockError, LostCause};
@@ -34,3 +46,7 @@ pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
+/// The `redis` crate this one is built on, re-exported so that
+/// [`LockError::Redis`]'s `source` (a [`redis::RedisError`]) can be named
+/// without a `redis` dependency of your own, at the same version.
+pub use redis;

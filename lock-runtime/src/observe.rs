@@ -1,6 +1,6 @@
 //! Metrics, through the `metrics` facade (the program installs the
 //! exporter), behind the `metrics` Cargo feature; without it every function
-//! here is empty. Names, labels and units are in the README ("Metrics").
+//! here is empty. Names, labels and units are in the guide (`guide/observability.md`, "Metrics").
 //!
 //! The `lock` label is the lock's *template*, never a rendered name: the
 //! attribute's key as written (`order:<id>`), or what the manual API names

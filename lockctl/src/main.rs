@@ -3,7 +3,7 @@
 //! `Client` methods `inspect`, `lock_info`, `release_holder`): everything
 //! it does, a program can do through the library.
 //!
-//! See the README, "Operating: lockctl".
+//! See lock_runtime's guide, "Operating: lockctl" (`lock-runtime/src/guide/operating.md`).
 
 mod args;
 mod output;
@@ -77,7 +77,7 @@ fn failure(action: &str, url: &str, error: LockError) -> Failure {
     {
         format!(
             "the Redis user of {url} lacks a permission ({source}): lockctl needs the \
-             library's ACL rule plus +scan +zcount +hgetall (README, \"Operating: lockctl\")"
+             library's ACL rule plus +scan +zcount +hgetall (lock_runtime's guide, \"Operating: lockctl\")"
         )
     } else if source.is_io_error() || source.is_connection_dropped() {
         format!(

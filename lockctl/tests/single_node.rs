@@ -745,7 +745,7 @@ async fn watch_json_lines_carry_their_time() {
 }
 
 /// The TLS feature has one name, `tls-rustls`, in lockctl's Cargo.toml, its
-/// help and the README; a `rediss://` URL on a build without it says how to
+/// help and lock_runtime's guide page on lockctl; a `rediss://` URL on a build without it says how to
 /// build lockctl with TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tls_feature_has_one_name_and_its_advice() {
@@ -754,12 +754,11 @@ async fn the_tls_feature_has_one_name_and_its_advice() {
         manifest.contains("tls-rustls = [\"lock-runtime/tls-rustls\"]"),
         "{manifest}"
     );
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Operating: lockctl").unwrap()..];
+    let section = include_str!("../../lock-runtime/src/guide/operating.md");
     assert!(section.contains("--features tls-rustls"));
     assert!(
         !section.contains("`tls` feature"),
-        "the README names a `tls` feature"
+        "the guide names a `tls` feature"
     );
     let port = test_support::free_port().unwrap();
     let run = lockctl(&format!("rediss://127.0.0.1:{port}/"), &["list"], "").await;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 /// on `PATH`).
 pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
 
-/// The README's minimal ACL rule for the default `lock:` prefix (keys,
+/// The guide's minimal ACL rule (Configuration) for the default `lock:` prefix (keys,
 /// channels and commands; the user's `on` and password come before it):
 /// what `tests/acl.rs` proves enough, and what lockctl's tests extend.
 pub const LOCK_ACL: &[&str] = &[

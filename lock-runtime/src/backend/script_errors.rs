@@ -64,16 +64,16 @@ pub(crate) fn explain(error: RedisError) -> RedisError {
     );
     let detail = match lacks {
         Lacks::Command if !command.is_empty() => format!(
-            "`{command}` ({at}) is refused: add `+{}` to the user's ACL rule (the README's \
-             minimal rule, under Configuration, lists every command the scripts run); Redis \
+            "`{command}` ({at}) is refused: add `+{}` to the user's ACL rule (the minimal \
+             rule in lock_runtime's guide, Configuration, lists every command the scripts run); Redis \
              said: {text}",
             place
                 .as_ref()
                 .map_or("", |place| place.commands[0].as_str())
         ),
         Lacks::Command => format!(
-            "a command {at} is refused: compare the user's ACL rule with the README's minimal \
-             rule (Configuration); Redis said: {text}"
+            "a command {at} is refused: compare the user's ACL rule with the minimal rule \
+             in lock_runtime's guide (Configuration); Redis said: {text}"
         ),
         Lacks::Keys => format!(
             "`{command}` ({at}) may not touch the lock's keys: add the key pattern of the key \

@@ -15,6 +15,24 @@ pub use config::ConfigError;
 /// removed the key ([`Deleted`](LostCause::Deleted),
 /// [`Replaced`](LostCause::Replaced)). Each cause's `Display` ends with
 /// advice that fits it.
+///
+/// ```no_run
+/// # async fn build_report() {}
+/// # async fn demo() {
+/// use std::time::Duration;
+/// use lock_runtime::{Lock, LockError, LostCause};
+///
+/// let report = Lock::new("report").ttl(Duration::from_secs(10)).renew();
+/// match report.run(build_report()).await {
+///     Err(LockError::Lost { cause: LostCause::MaxHold, .. }) => {
+///         eprintln!("the report ran past max_hold and was stopped");
+///     }
+///     Err(LockError::Lost { cause, .. }) => eprintln!("stopped: the lock was lost ({cause})"),
+///     Err(error) => eprintln!("not run: {error}"),
+///     Ok(()) => {}
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostCause {
@@ -118,8 +136,8 @@ impl LostCause {
                  with room, a restart without persistence, a failover: see acknowledged mode)"
             }
             LostCause::PermissionDenied => {
-                "grant the Redis user the permission the logged warning names (the README's \
-                 minimal ACL rule)"
+                "grant the Redis user the permission the logged warning names (the minimal ACL \
+                 rule in lock_runtime's guide, Configuration)"
             }
             LostCause::Refused => "see the logged warning for Redis's error",
         }
@@ -157,6 +175,33 @@ impl std::fmt::Display for LostCause {
 ///
 /// Each message says what happened and what to do about it. No variant ever
 /// carries a password: Redis URLs are shown with the password masked.
+///
+/// ```no_run
+/// use lock_runtime::redis::RedisError; // the `redis` crate, re-exported
+/// use lock_runtime::{Lock, LockError};
+///
+/// async fn settle(id: u64) -> &'static str {
+///     match Lock::new(format!("order:{id}")).run(async { /* settle it */ }).await {
+///         Ok(()) => "settled",
+///         // `Busy` or `WaitTimeout`: another instance is settling it.
+///         Err(error) if error.is_busy() => "being settled elsewhere",
+///         Err(LockError::Lost { cause, .. }) => {
+///             eprintln!("order {id}: lock lost ({cause}); check the order");
+///             "check"
+///         }
+///         Err(LockError::Redis { source, .. }) => {
+///             let source: RedisError = source;
+///             eprintln!("order {id}: Redis: {source}");
+///             "retry later"
+///         }
+///         // Configuration errors, and variants added later.
+///         Err(error) => {
+///             eprintln!("order {id}: {error}");
+///             "failed"
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -272,7 +317,8 @@ fn advice(source: &redis::RedisError) -> &'static str {
     }
     match source.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            "the Redis user lacks a permission: grant it, see the README's minimal ACL rule"
+            "the Redis user lacks a permission: grant it, see the minimal ACL rule in \
+             lock_runtime's guide, Configuration"
         }
         ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
         _ if crate::backend::is_script_error(source) => {

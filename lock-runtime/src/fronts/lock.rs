@@ -69,6 +69,21 @@ impl Lock {
 
     /// A lock called `name` (e.g. `"lottery:2026-11-22"`), with the default
     /// ttl, no waiting and the process-wide client.
+    ///
+    /// The name is used as given: format the ids into it yourself
+    /// (`format!("order:{id}")`). Braces in the name itself are literal text,
+    /// as in the attribute's key (where placeholders are written `<id>` and
+    /// `{id}`, naming a parameter, is refused): a Redis Cluster hash tag
+    /// such as `{tenant}` keeps them in one slot.
+    ///
+    /// ```no_run
+    /// # async fn demo(id: u64, tenant: &str) -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::Lock;
+    ///
+    /// let order = Lock::new(format!("order:{id}")); // one lock per order
+    /// let shared = Lock::new(format!("{{{tenant}}}:nightly")); // `{acme}:nightly`: a hash tag
+    /// # let _ = (order, shared); Ok(()) }
+    /// ```
     pub fn new(name: impl Into<String>) -> Self {
         Lock {
             name: name.into(),
@@ -192,7 +207,7 @@ impl Lock {
         self
     }
 
-    /// The `lock` label of this lock's metrics (README, "Metrics"): name
+    /// The `lock` label of this lock's metrics (the guide, "Metrics"): name
     /// the *kind* of lock, never one of its ids, so that the label has a
     /// bounded set of values: `Lock::new(format!("order:{id}"))
     /// .metric_label("order:<id>")`. `#[distributed_lock]` labels its locks
@@ -205,7 +220,7 @@ impl Lock {
     }
 
     /// What takes the lock, as lockctl shows it beside the holder's
-    /// instance, host and process (the holder record, README "Operating:
+    /// instance, host and process (the holder record, the guide, "Operating:
     /// lockctl"): a function path such as `"billing::charge"`, or a job's
     /// name. `#[distributed_lock]` names the annotated function. Costs
     /// nothing on the way to Redis: the record is written in the background.
@@ -258,7 +273,7 @@ impl Lock {
     }
 
     /// `acquiring` inside the `lock.acquire` span, whose fields say how it
-    /// ended (README, "Tracing").
+    /// ended (the guide, "Tracing").
     async fn traced(
         &self,
         acquiring: impl Future<Output = Result<LockGuard, LockError>>,
@@ -359,6 +374,22 @@ impl Lock {
     /// Takes the lock if it is free, in one round trip; never waits.
     /// Reentrant like [`acquire`](Lock::acquire).
     ///
+    /// ```no_run
+    /// # async fn rebuild_index() {}
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// use lock_runtime::Lock;
+    ///
+    /// match Lock::new("reindex").try_acquire().await {
+    ///     Ok(guard) => {
+    ///         rebuild_index().await;
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(error) if error.is_busy() => println!("another instance is reindexing"),
+    ///     Err(error) => return Err(error),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`acquire`](Lock::acquire) without a wait: [`LockError::Busy`] when
@@ -388,7 +419,24 @@ impl Lock {
     /// dropped, the lock is released in the background. If the release after
     /// a finished body finds the lock already lost (a body that outlived an
     /// unrenewed ttl), the body's output is still returned, since its work is
-    /// done, and the loss is logged at error level.
+    /// done, and the loss is logged once, at warn level, in the `lock.hold`
+    /// span.
+    ///
+    /// ```no_run
+    /// # async fn load_users() -> Vec<u64> { vec![7, 42] }
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use lock_runtime::Lock;
+    ///
+    /// // What `#[distributed_lock(key = "lottery:<day>", ttl = "10s", wait = "2s")]` does.
+    /// let day = "2026-11-26";
+    /// let winners = Lock::new(format!("lottery:{day}"))
+    ///     .ttl(Duration::from_secs(10))
+    ///     .wait(Duration::from_secs(2))
+    ///     .run(async { load_users().await.into_iter().take(10).collect::<Vec<_>>() })
+    ///     .await?;
+    /// # let _ = winners; Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///

@@ -23,6 +23,22 @@ use crate::fronts::lock::Lock;
 /// # let _ = total; Ok(()) }
 /// ```
 ///
+/// With the attribute, `read` or `write` picks the side:
+///
+/// ```no_run
+/// use lock_runtime::{distributed_lock, LockError};
+///
+/// #[distributed_lock(key = "prices:<shop>", ttl = "5s", wait = "2s", read)]
+/// async fn quote(shop: u64) -> Result<u64, LockError> {
+///     Ok(100) // many quotes at once
+/// }
+///
+/// #[distributed_lock(key = "prices:<shop>", ttl = "5s", wait = "10s", write)]
+/// async fn reprice(shop: u64) -> Result<(), LockError> {
+///     Ok(()) // alone: no quote sees half the new prices
+/// }
+/// ```
+///
 /// Every reader holds its own share (its own token and its own expiry on
 /// the Redis server's clock): a reader that dies frees its share within its
 /// ttl without shortening anyone else's, and a renewal extends only the

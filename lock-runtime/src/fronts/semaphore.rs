@@ -21,7 +21,14 @@ use crate::lease::guard::LockGuard;
 /// let permit = exports.acquire().await?; // one of 4
 /// // ... at most 4 of these run at once, in all processes ...
 /// permit.release().await?;
-/// # Ok(()) }
+///
+/// // A heavy export takes 2 of the 4 permits, all or none:
+/// let permits = exports.acquire_many(2).await?;
+/// permits.release().await?;
+///
+/// // Or run a body under one permit, as `#[distributed_lock(permits = 4)]` does:
+/// let rows = exports.run(async { /* export */ 120 }).await?;
+/// # let _ = rows; Ok(()) }
 /// ```
 ///
 /// Every permit is its holder's own token with its own expiry on the Redis

@@ -16,6 +16,24 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 /// What to do with the body when a renewed lock is lost.
+///
+/// ```no_run
+/// # async fn rebalance() {}
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::{Lock, OnLost};
+///
+/// // The body only moves data it can move twice: finish it even if the
+/// // lock is lost (the loss is logged at warn). The attribute's
+/// // `on_lost = "continue"`.
+/// Lock::new("rebalance")
+///     .ttl(Duration::from_secs(10))
+///     .renew()
+///     .on_lost(OnLost::Continue)
+///     .run(rebalance())
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnLost {
     /// Drop the body's future (it is cancelled at its next await point) and
@@ -35,6 +53,24 @@ pub enum OnLost {
 /// is sent, and never resume.
 ///
 /// Dereferences to [`HeldLock`] for the lock's name, token and validity.
+///
+/// ```no_run
+/// # async fn write_invoice(_: u64, _: Option<u64>) {}
+/// # async fn build_report() -> usize { 0 }
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::Lock;
+///
+/// let guard = Lock::new("invoice:7").ttl(Duration::from_secs(10)).fencing().acquire().await?;
+/// write_invoice(7, guard.fencing_token()).await; // `HeldLock`'s methods, through `Deref`
+/// guard.release().await?; // `Err(LockError::Lost { .. })` if it expired meanwhile
+///
+/// // Renewed: `run` stops the body if the lock is lost.
+/// let guard = Lock::new("report").ttl(Duration::from_secs(10)).renew().acquire().await?;
+/// let rows = guard.run(build_report()).await?;
+/// guard.release().await?;
+/// # let _ = rows; Ok(()) }
+/// ```
 #[must_use = "a lock guard is released as soon as it is dropped"]
 pub struct LockGuard {
     lock: HeldLock,

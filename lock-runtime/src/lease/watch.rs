@@ -237,6 +237,36 @@ pub fn current() -> Option<HeldLock> {
 }
 
 /// A held lock as its holder sees it: identity and local validity.
+///
+/// A [`LockGuard`](crate::LockGuard) dereferences to one; inside a body,
+/// [`current()`] returns one.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use lock_runtime::{HeldLock, Lock};
+///
+/// fn describe(lock: &HeldLock) {
+///     println!(
+///         "{} (Redis key {}) held with token {}, valid for at least {:?} more",
+///         lock.name(),
+///         lock.redis_key(),
+///         lock.token(),
+///         lock.remaining(),
+///     );
+/// }
+///
+/// let guard = Lock::new("order:42").acquire().await?;
+/// describe(&guard);
+/// guard.release().await?;
+///
+/// Lock::new("order:43")
+///     .run(async {
+///         let lock = lock_runtime::current().expect("inside the body");
+///         describe(&lock);
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct HeldLock {
     pub(crate) hold: Arc<Hold>,
