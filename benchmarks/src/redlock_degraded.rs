@@ -218,6 +218,21 @@ pub(crate) fn contender(args: &[String]) -> ExitCode {
         let mut contenders = Vec::new();
         for _ in 0..tasks {
             let locker = Locker::new(kind, quorum_url, key, true).await;
+            // Our client's connections are opened lazily, and a node it has
+            // not heard from yet gets a patience of its own (a new client
+            // may still be connecting): one lock on another key first, as a
+            // service's client that has been running a while.
+            if let Locker::Ours { client, .. } = &locker {
+                let warm = format!("{key}:warm:{}:{}", std::process::id(), contenders.len());
+                lock_runtime::Lock::new(warm)
+                    .client(client.clone())
+                    .try_acquire()
+                    .await
+                    .expect("a free lock")
+                    .release()
+                    .await
+                    .expect("released");
+            }
             let bookkeeping = redis::Client::open(bookkeeping_url.as_str())
                 .unwrap()
                 .get_multiplexed_async_connection()

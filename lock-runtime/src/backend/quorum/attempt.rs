@@ -168,17 +168,22 @@ impl QuorumBackend {
             }
             // Armed once some node answered (a new client's first answers
             // come after its connections are made: the patience counts from
-            // that), when the nodes still open that answered their last call
-            // cannot make the majority without the others.
+            // that) and every node still open failed its last call or has
+            // not been heard from: only they could decide. Nodes that
+            // answered their last call are waited for (their own timeout)
+            // before that; were the cutoff armed while they were still
+            // open, a new node's longer patience would also be given to the
+            // nodes that failed, on every attempt they alone could decide
+            // (with a minority stopped, about 100 ms between sections).
             if cutoff.is_none() && said.iter().any(|said| matches!(said, Said::Voted(..))) {
                 let up = (0..said.len())
                     .filter(|&node| matches!(said[node], Said::Open) && self.nodes[node].is_up())
                     .count();
-                if yes + up < quorum {
+                if up == 0 {
                     // A node not heard from yet (a new client) may still be
                     // connecting: more patience than for one that failed.
                     let unknown = (0..said.len()).any(|node| {
-                        matches!(said[node], Said::Open) && !self.nodes[node].is_down()
+                        matches!(said[node], Said::Open) && self.nodes[node].is_unknown()
                     });
                     let (factor, least) = if unknown {
                         (4, NEW_NODE_PATIENCE)
@@ -210,7 +215,11 @@ impl QuorumBackend {
             let Some((node, answer)) = next else { break };
             said[node] = self.hear(node, answer, timeout, cut_short);
         }
-        if granted(&said) >= quorum && !pending.is_empty() {
+        // Nodes that failed their last call get no grace: with a minority
+        // stopped, every acquisition would wait for it.
+        let worth_waiting = (0..said.len())
+            .any(|node| matches!(said[node], Said::Open) && !self.nodes[node].is_down());
+        if granted(&said) >= quorum && !pending.is_empty() && worth_waiting {
             // Held: the other nodes get a short grace to answer too (about
             // as long again as the majority took), so that a healthy node
             // is not left out of the hold (it would tolerate one failure

@@ -193,7 +193,11 @@ impl Backend for QuorumBackend {
                 }
             }
             let carried = mine >= quorum || not > nodes - quorum;
-            if carried && !releases.is_empty() {
+            // Nodes that failed their last call get no grace (with a
+            // minority stopped, every release would wait for it).
+            let worth_waiting =
+                (0..nodes).any(|node| !heard[node] && !self.nodes[node].is_down());
+            if carried && !releases.is_empty() && worth_waiting {
                 // The other nodes get a short grace (most answer within
                 // moments of the majority); a stopped one is left to a
                 // background task, which logs it if it fails.
@@ -208,16 +212,16 @@ impl Backend for QuorumBackend {
                     }
                 })
                 .await;
-                if !releases.is_empty() {
-                    let nodes = Arc::clone(&self.nodes);
-                    tokio::spawn(async move {
-                        while let Some((node, answer)) = releases.next().await {
-                            if !matches!(answer, Some(Ok(_))) {
-                                nodes.failed(node, "release");
-                            }
+            }
+            if carried && !releases.is_empty() {
+                let nodes = Arc::clone(&self.nodes);
+                tokio::spawn(async move {
+                    while let Some((node, answer)) = releases.next().await {
+                        if !matches!(answer, Some(Ok(_))) {
+                            nodes.failed(node, "release");
                         }
-                    });
-                }
+                    }
+                });
             }
             if carried {
                 for (node, _) in &failed {
