@@ -361,11 +361,9 @@ impl Config {
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
         if let Some(sentinel) = &self.sentinel {
-            // The URL it was read from, else the parts it was built of.
-            return match sentinel::parse(&self.url) {
-                Some(_) => redact_url(&self.url),
-                None => sentinel.redacted(),
-            };
+            // The parts (a URL's query may hold the sentinels' password,
+            // which `redact_url` would show).
+            return sentinel.redacted();
         }
         if self.is_cluster() {
             let seeds: Vec<String> = self.cluster.iter().map(|url| redact_url(url)).collect();
