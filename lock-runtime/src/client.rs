@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
 
-use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Target as CallTarget};
+mod sentinel;
+
+use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
@@ -55,6 +57,9 @@ pub struct Config {
     /// A quorum's (RedLock's) independent masters (the first is `url`);
     /// empty otherwise.
     quorum: Vec<String>,
+    /// Redis Sentinel: the sentinels, the master name, the data nodes'
+    /// credentials; `None` otherwise.
+    sentinel: Option<sentinel::SentinelConfig>,
     connect_timeout: Duration,
     response_timeout: Duration,
     key_prefix: String,
@@ -67,6 +72,8 @@ pub struct Config {
     /// The name the holder record gives this client's process (default
     /// `<host name>:<pid>`).
     instance: Option<String>,
+    /// A Sentinel option given to a configuration without Sentinel.
+    misplaced: Option<&'static str>,
 }
 
 impl Config {
@@ -84,6 +91,13 @@ impl Config {
     /// `redis-cluster://[user:password@]host1:port1,host2:port2,...`
     /// (`rediss-cluster://` for TLS), as [`Config::cluster`] does; this
     /// form also works in `REDIS_URL` and [`init`].
+    ///
+    /// The primary that Redis Sentinel names is reached with
+    /// `redis-sentinel://[user:password@]host1:26379,host2:26379,host3:26379/<master name>[/db]`
+    /// (`rediss-sentinel://` for TLS to the sentinels and the data nodes),
+    /// as [`Config::sentinel`] does: the user and password log in to the
+    /// data nodes; sentinels that want a password of their own get it from
+    /// the query, `?sentinel_password=...` (and `&sentinel_user=...`).
     pub fn new(url: impl Into<String>) -> Self {
         let url = url.into();
         if let Some(seeds) = several_urls(&url, "cluster") {
@@ -92,16 +106,25 @@ impl Config {
         if let Some(nodes) = several_urls(&url, "quorum") {
             return Config::quorum(nodes);
         }
+        if let Some(sentinel) = sentinel::parse(&url) {
+            return Config {
+                sentinel: Some(sentinel),
+                ..Config::new(String::new())
+            }
+            .with_url(url);
+        }
         Config {
             url,
             cluster: Vec::new(),
             quorum: Vec::new(),
+            sentinel: None,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
             acknowledged: None,
             tls: TlsSettings::default(),
             instance: None,
+            misplaced: None,
         }
     }
 
@@ -140,6 +163,118 @@ impl Config {
             quorum: nodes.clone(),
             ..Config::new(nodes.first().cloned().unwrap_or_default())
         }
+    }
+
+    /// A configuration for the primary that Redis Sentinel names: the
+    /// sentinels `sentinels` (URLs, `redis://[user:password@]host:port` or
+    /// `rediss://` for TLS, with the credentials that sentinel wants; or
+    /// `host[:port]`; port 26379 when none is given) are asked for the
+    /// primary of `master` (the name in their `sentinel monitor` line), which
+    /// is checked with `ROLE`, and followed through failovers: a
+    /// `+switch-master` from a sentinel, a `READONLY` answer or a lost
+    /// connection moves every connection (calls, waiters' subscriptions) to
+    /// the primary they name then, without a restart (docs/design.md §15).
+    ///
+    /// The data nodes get their credentials from
+    /// [`primary_credentials`](Self::primary_credentials) and use TLS as the
+    /// first sentinel does unless [`primary_tls`](Self::primary_tls) says
+    /// otherwise. Everything else (the attribute, the manual API, every
+    /// primitive) is unchanged. The URL form
+    /// `redis-sentinel://[user:password@]host1:26379,host2:26379/<master>`
+    /// does the same in [`Config::new`], [`init`] and `REDIS_URL`.
+    ///
+    /// Replication to the replicas is asynchronous: a lock the promoted
+    /// replica never got is lost in a failover (its holder is told);
+    /// [`acknowledged`](Self::acknowledged) mode narrows that window.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use lock_runtime::Config;
+    ///
+    /// # fn configure() -> Result<(), lock_runtime::LockError> {
+    /// let config = Config::sentinel(
+    ///     ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .primary_credentials("locker", "secret")
+    /// .acknowledged(1, Duration::from_millis(100));
+    /// lock_runtime::init_with(config)?;
+    /// // The same, as a URL (as `REDIS_URL` too):
+    /// let same = lock_runtime::Config::new(
+    ///     "redis-sentinel://locker:secret@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/mymaster",
+    /// );
+    /// # let _ = same;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sentinel<I, S>(sentinels: I, master: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let sentinel = sentinel::SentinelConfig::new(sentinels, master.into());
+        let first = sentinel.sentinels.first().cloned().unwrap_or_default();
+        Config {
+            sentinel: Some(sentinel),
+            ..Config::new(first)
+        }
+    }
+
+    /// With Redis Sentinel ([`Config::sentinel`]): the user (empty: the
+    /// `default` user) and password the lock calls log in to the data nodes
+    /// with. The password never appears in `Debug` output, errors or logs.
+    /// Without Sentinel, `Client::new` refuses it: give the credentials in
+    /// the URL.
+    pub fn primary_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        let user = user.into();
+        match &mut self.sentinel {
+            Some(sentinel) => {
+                sentinel.primary_user = (!user.is_empty()).then_some(user);
+                sentinel.primary_password = Some(password.into());
+            }
+            None => self.misplaced = Some("primary_credentials"),
+        }
+        self
+    }
+
+    /// With Redis Sentinel ([`Config::sentinel`]): whether the data nodes are
+    /// reached over TLS (default: as the first sentinel is, by its
+    /// `rediss://` URL). Needs the `tls-rustls` feature; the certificates of
+    /// [`tls_root_certificates`](Self::tls_root_certificates) and
+    /// [`tls_client_certificate`](Self::tls_client_certificate) apply to the
+    /// sentinels and the data nodes alike. A data node's certificate must be
+    /// valid for the address the sentinels give (an IP address, unless they
+    /// announce host names).
+    pub fn primary_tls(mut self, tls: bool) -> Self {
+        match &mut self.sentinel {
+            Some(sentinel) => sentinel.primary_tls = Some(tls),
+            None => self.misplaced = Some("primary_tls"),
+        }
+        self
+    }
+
+    /// With Redis Sentinel ([`Config::sentinel`]): the database number on
+    /// the data nodes (default 0).
+    pub fn primary_db(mut self, db: i64) -> Self {
+        match &mut self.sentinel {
+            Some(sentinel) => sentinel.primary_db = db,
+            None => self.misplaced = Some("primary_db"),
+        }
+        self
+    }
+
+    /// Whether this names the primary of Redis Sentinel ([`Config::sentinel`]).
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel.is_some()
+    }
+
+    fn with_url(mut self, url: String) -> Self {
+        self.url = url;
+        self
     }
 
     /// Whether this names a quorum of independent masters ([`Config::quorum`]).
@@ -246,6 +381,11 @@ impl Config {
 
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
+        if let Some(sentinel) = &self.sentinel {
+            // The parts (a URL's query may hold the sentinels' password,
+            // which `redact_url` would show).
+            return sentinel.redacted();
+        }
         if self.is_cluster() {
             let seeds: Vec<String> = self.cluster.iter().map(|url| redact_url(url)).collect();
             return format!("cluster [{}]", seeds.join(", "));
@@ -261,6 +401,14 @@ impl Config {
     /// certificates.
     fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
         self.tls.check()?;
+        if self.sentinel.is_some() {
+            return Ok(self
+                .sentinel_parts()?
+                .0
+                .into_iter()
+                .map(|(client, _)| client)
+                .collect());
+        }
         if self.is_cluster() {
             self.cluster
                 .iter()
@@ -274,6 +422,96 @@ impl Config {
         } else {
             Ok(vec![parse_url(&self.url, &self.tls)?])
         }
+    }
+
+    /// With Redis Sentinel: each sentinel's client and `host:port`, and the
+    /// settings of the data nodes (credentials, database, TLS and the
+    /// certificates; the address is the primary's, filled in later).
+    fn sentinel_parts(
+        &self,
+    ) -> Result<(Vec<(redis::Client, String)>, redis::ConnectionInfo), LockError> {
+        let Some(sentinel) = &self.sentinel else {
+            return Err(ConfigError::InvalidClientOption {
+                option: "sentinel",
+                reason: "not a Sentinel configuration".to_owned(),
+            }
+            .into());
+        };
+        let invalid = |reason: String| -> LockError {
+            ConfigError::InvalidUrl {
+                url: self.redacted_url(),
+                reason,
+                expected: EXPECTED_SENTINEL,
+            }
+            .into()
+        };
+        if let Some(reason) = &sentinel.invalid {
+            return Err(invalid(reason.clone()));
+        }
+        if sentinel.master.trim().is_empty() {
+            return Err(invalid(
+                "no master name: give the name of the sentinels' `sentinel monitor` line"
+                    .to_owned(),
+            ));
+        }
+        if sentinel.sentinels.is_empty() {
+            return Err(invalid(
+                "no sentinel: give at least one (three or more in production)".to_owned(),
+            ));
+        }
+        let primary_tls = sentinel.primary_uses_tls();
+        let any_tls = primary_tls
+            || sentinel
+                .sentinels
+                .iter()
+                .any(|url| url.to_ascii_lowercase().starts_with("rediss://"));
+        if self.tls.is_set() && !any_tls {
+            return Err(ConfigError::InvalidTls {
+                reason: format!(
+                    "TLS certificates were configured, but neither the sentinels nor the data                      nodes of `{}` use TLS: use `rediss-sentinel://` (or `rediss://` sentinels,                      Config::primary_tls), or drop the certificates",
+                    self.redacted_url()
+                ),
+            }
+            .into());
+        }
+        if primary_tls && !tls::BUILT_IN {
+            return Err(ConfigError::TlsNotBuiltIn {
+                url: self.redacted_url(),
+            }
+            .into());
+        }
+        let sentinels = sentinel
+            .sentinels
+            .iter()
+            .map(|url| {
+                let client = parse_node_url(url, &self.tls, false)?;
+                let address = match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port)
+                    | redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+                    other => format!("{other}"),
+                };
+                Ok((client, address))
+            })
+            .collect::<Result<Vec<_>, LockError>>()?;
+        // The data nodes' settings: a template whose address is replaced.
+        let scheme = if primary_tls { "rediss" } else { "redis" };
+        let template = parse_node_url(&format!("{scheme}://127.0.0.1:6379/"), &self.tls, false)?;
+        let mut settings = template
+            .get_connection_info()
+            .redis_settings()
+            .clone()
+            .set_db(sentinel.primary_db);
+        if let Some(user) = &sentinel.primary_user {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &sentinel.primary_password {
+            settings = settings.set_password(password);
+        }
+        let primary = template
+            .get_connection_info()
+            .clone()
+            .set_redis_settings(settings);
+        Ok((sentinels, primary))
     }
 
     /// Checks everything but the URL: timeouts in range, a prefix that
@@ -326,6 +564,22 @@ impl Config {
                          response timeout ({:?}): each call waits for it",
                         self.response_timeout
                     ),
+                ));
+            }
+        }
+        if let Some(option) = self.misplaced {
+            return Err(invalid(
+                option,
+                "applies to Redis Sentinel's data nodes only (Config::sentinel, \
+                 redis-sentinel://): give the credentials, TLS or database in the URL instead"
+                    .to_owned(),
+            ));
+        }
+        if let Some(sentinel) = &self.sentinel {
+            if sentinel.primary_db < 0 {
+                return Err(invalid(
+                    "primary_db",
+                    format!("{} is not a database number", sentinel.primary_db),
                 ));
             }
         }
@@ -492,7 +746,28 @@ impl Client {
                 })
             })
         };
-        let backend: Arc<dyn Backend> = if config.is_cluster() {
+        // With Sentinel: the primary it names, shared by every connection
+        // of the client (calls, the acknowledged pool, the notifier).
+        let sentinels = if config.is_sentinel() {
+            let (nodes, primary) = config.sentinel_parts()?;
+            let master = config
+                .sentinel
+                .as_ref()
+                .map(|sentinel| sentinel.master.clone())
+                .unwrap_or_default();
+            Some(Sentinels::new(
+                nodes,
+                master,
+                primary,
+                config.connect_timeout,
+                call_deadline(&config),
+            ))
+        } else {
+            None
+        };
+        let backend: Arc<dyn Backend> = if let Some(sentinels) = &sentinels {
+            Arc::new(set_up(CallTarget::Sentinel(Arc::clone(sentinels)))?)
+        } else if config.is_cluster() {
             // Calls go to each primary through the router; nothing below
             // `Connection::call` retries (it knows a retry for one).
             Arc::new(set_up(CallTarget::Cluster(
@@ -536,7 +811,9 @@ impl Client {
                 manager_config,
             ))?)
         };
-        let transport = if config.is_cluster() {
+        let transport = if let Some(sentinels) = sentinels {
+            Transport::Sentinel(sentinels)
+        } else if config.is_cluster() {
             Transport::Cluster {
                 seeds: seeds
                     .iter()
@@ -734,6 +1011,17 @@ impl Drop for ForgetOnDrop {
 /// The client of one server's URL, with the TLS certificates when they
 /// were given (they need a `rediss://` URL).
 fn parse_url(url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
+    parse_node_url(url, tls, true)
+}
+
+/// [`parse_url`]; with `certificates_need_tls` false, certificates do not
+/// make a `redis://` URL an error (Sentinel: the sentinels or the data
+/// nodes may be the ones with TLS, checked as a whole).
+fn parse_node_url(
+    url: &str,
+    tls: &TlsSettings,
+    certificates_need_tls: bool,
+) -> Result<redis::Client, LockError> {
     let scheme = url.split("://").next().unwrap_or_default();
     let uses_tls = scheme.eq_ignore_ascii_case("rediss");
     if uses_tls && !tls::BUILT_IN {
@@ -753,7 +1041,7 @@ fn parse_url(url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
         }
         .into());
     }
-    if tls.is_set() && !uses_tls {
+    if tls.is_set() && !uses_tls && certificates_need_tls {
         return Err(ConfigError::InvalidTls {
             reason: format!(
                 "TLS certificates were configured, but `{}` does not use TLS: use a `rediss://` \
@@ -772,7 +1060,7 @@ fn parse_url(url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
         .into()
     };
     #[cfg(feature = "tls-rustls")]
-    if let Some(certificates) = tls.certificates() {
+    if let Some(certificates) = tls.certificates().filter(|_| uses_tls) {
         use redis::IntoConnectionInfo;
         let info = url.into_connection_info().map_err(invalid)?;
         return redis::Client::build_with_tls(info, certificates).map_err(|error| {
@@ -791,7 +1079,13 @@ fn parse_url(url: &str, tls: &TlsSettings) -> Result<redis::Client, LockError> {
 
 /// The URL forms a [`ConfigError::InvalidUrl`] names.
 const EXPECTED_URL: &str = "redis://[user:password@]host[:port][/db], rediss://... for TLS, \
-     redis-cluster://host1:port1,host2:port2 or redis-quorum://host1:port1,host2:port2,host3:port3";
+     redis-cluster://host1:port1,host2:port2, redis-quorum://host1:port1,host2:port2,host3:port3 \
+     or redis-sentinel://host1:26379,host2:26379,host3:26379/mastername";
+
+/// The form a [`ConfigError::InvalidUrl`] of a Sentinel configuration names.
+const EXPECTED_SENTINEL: &str = "redis-sentinel://[user:password@]host1:26379,host2:26379,\
+     host3:26379/<master name>[/db][?sentinel_password=...] (rediss-sentinel:// for TLS), or \
+     Config::sentinel([\"host1:26379\", ...], \"<master name>\")";
 
 /// The seed node URLs of a `redis-cluster://` (or `rediss-cluster://`) URL:
 /// `redis-cluster://user:pw@h1:p1,h2:p2` gives `redis://user:pw@h1:p1`

@@ -42,8 +42,9 @@ const ABOUT: &str = "Inspect and operate the Redis locks of lock-runtime (#[dist
 const AFTER: &str = "\
 The Redis URL comes from --url or REDIS_URL: redis://[user:password@]host:port/db, \
 rediss:// (TLS: lockctl built with its `tls-rustls` feature, `cargo install --path lockctl \
---features tls-rustls`), redis-cluster://host1:port1,host2:port2 or \
-redis-quorum://h1:p1,h2:p2,h3:p3. Passwords are never printed.
+--features tls-rustls`), redis-cluster://host1:port1,host2:port2, \
+redis-quorum://h1:p1,h2:p2,h3:p3 or redis-sentinel://s1:26379,s2:26379,s3:26379/mymaster. \
+Passwords are never printed.
 
 HOLDER is the head of the holder's token; INSTANCE, SINCE and FUNCTION come from the holder's \
 record, which its process keeps in Redis while it holds locks: \"unknown (no record)\" means \

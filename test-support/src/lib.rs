@@ -13,10 +13,12 @@
 pub mod cluster;
 mod process;
 pub mod proxy;
+pub mod sentinel;
 pub mod tls;
 pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
+pub use sentinel::RedisSentinel;
 pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
 use std::io::{self, Read, Write};
@@ -246,6 +248,44 @@ impl RedisServer {
             )
         })?;
         let mut server = RedisServer { child, port, tls };
+        server.wait_until_ready()?;
+        Ok(server)
+    }
+
+    /// A sentinel (`redis-server <config> --sentinel`) on `port`, with its
+    /// configuration file at `config` (which Sentinel rewrites: an absolute
+    /// path in a directory of its own). The file sets the port.
+    fn launch_sentinel(port: u16, config: &std::path::Path) -> io::Result<RedisServer> {
+        let binary = binary();
+        let mut command = Command::new(&binary);
+        command
+            .arg(config)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe and touches only this child.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!(
+                    "cannot run `{} --sentinel` ({error}): install redis-server (Debian's runs \
+                     sentinels too) or set {REDIS_SERVER_ENV} to its path",
+                    binary.display()
+                ),
+            )
+        })?;
+        let mut server = RedisServer {
+            child,
+            port,
+            tls: None,
+        };
         server.wait_until_ready()?;
         Ok(server)
     }

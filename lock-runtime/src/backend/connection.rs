@@ -26,10 +26,12 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Va
 
 use super::router::Router;
 use super::scripts::ScriptsSent;
+use super::sentinel::{SentinelLink, Sentinels};
 use super::slot_map::Ranges;
 
 /// Where the calls go: one server (or a primary with replicas behind one
-/// address), or a Redis Cluster named by its seed nodes.
+/// address), a Redis Cluster named by its seed nodes, or the primary that
+/// Redis Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Target {
     Node(Box<redis::Client>, ConnectionManagerConfig),
@@ -40,6 +42,9 @@ pub(crate) enum Target {
         ConnectionManagerConfig,
         Duration,
     ),
+    /// The primary of a master name, as the sentinels name it
+    /// (`sentinel.rs`): each link a connection of its own to it.
+    Sentinel(Arc<Sentinels>),
 }
 
 impl Target {
@@ -55,7 +60,19 @@ impl Target {
                 config.clone(),
                 *deadline,
             ))),
+            Target::Sentinel(sentinels) => {
+                Link::Sentinel(Arc::new(SentinelLink::new(Arc::clone(sentinels))))
+            }
         })
+    }
+
+    /// A connection of this target stopped answering (a call timed out):
+    /// with Sentinel, the primary it talks to is checked before the next
+    /// connection opens.
+    fn stalled(&self) {
+        if let Target::Sentinel(sentinels) = self {
+            sentinels.suspect_current();
+        }
     }
 }
 
@@ -66,6 +83,9 @@ pub(crate) enum Link {
     Node(ConnectionManager),
     /// A connection per primary, and the slot map (`router.rs`).
     Cluster(Arc<Router>),
+    /// A connection to the primary Redis Sentinel names, opened again when
+    /// it changes (`sentinel.rs`).
+    Sentinel(Arc<SentinelLink>),
     /// Acknowledged mode: each command or pipeline sent on the inner link
     /// is followed by `WAIT` in the same round trip (so on the connection
     /// that carried the write), and fails with [`not_replicated`] if fewer
@@ -125,7 +145,7 @@ impl Link {
         match self {
             Link::Cluster(router) => router.ranges().await.ok(),
             Link::Acked(inner, _) => Box::pin(inner.slot_map()).await,
-            Link::Node(_) => None,
+            Link::Node(_) | Link::Sentinel(_) => None,
         }
     }
 
@@ -135,7 +155,7 @@ impl Link {
         match self {
             Link::Cluster(router) => router.forget(),
             Link::Acked(inner, _) => inner.forget_slot_map(),
-            Link::Node(_) => {}
+            Link::Node(_) | Link::Sentinel(_) => {}
         }
     }
 
@@ -172,6 +192,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(manager) => manager.req_packed_command(cmd),
             Link::Cluster(router) => Box::pin(async move { router.send(cmd).await }),
+            Link::Sentinel(link) => Box::pin(async move { link.send(cmd).await }),
             Link::Acked(inner, ack) => Box::pin(async move {
                 let ack = *ack;
                 let mut pipeline = redis::pipe();
@@ -198,6 +219,9 @@ impl ConnectionLike for Link {
             Link::Cluster(router) => {
                 Box::pin(async move { router.send_pipeline(pipeline, offset, count, None).await })
             }
+            Link::Sentinel(link) => {
+                Box::pin(async move { link.send_pipeline(pipeline, offset, count).await })
+            }
             Link::Acked(inner, ack) => Box::pin(async move {
                 let ack = *ack;
                 let acked = with_wait(pipeline, ack);
@@ -212,6 +236,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(manager) => manager.get_db(),
             Link::Cluster(_) => 0,
+            Link::Sentinel(link) => link.db(),
             Link::Acked(inner, _) => inner.get_db(),
         }
     }
@@ -280,6 +305,7 @@ impl Connection {
     /// Replaces the connection `stale` (one that let a call time out) with a
     /// new one, unless another call replaced it already.
     fn replace(&self, stale: &Current) {
+        self.target.stalled();
         let Ok(manager) = self.target.open() else {
             return; // cannot happen for a client that was built once
         };

@@ -17,6 +17,7 @@ mod redis_backend;
 mod router;
 mod script_errors;
 mod scripts;
+mod sentinel;
 mod slot_map;
 mod slots;
 
@@ -33,6 +34,7 @@ pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTra
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
 pub(crate) use script_errors::{is_refusal, is_script_error};
+pub(crate) use sentinel::{is_no_primary, Sentinels};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

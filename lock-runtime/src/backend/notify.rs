@@ -10,7 +10,8 @@
 //!   has one pub/sub connection subscribed to its own channel
 //!   `lock-waiters:<id>`, opened when its first waiter arrives and kept; it
 //!   serves every key its waiters wait on ([`node`]). Over a quorum, one
-//!   such connection to each node.
+//!   such connection to each node. With Redis Sentinel, the same on the
+//!   primary the sentinels name, moved to the new one after a failover.
 //! - On a Redis Cluster, a message published from a script must stay in the
 //!   script's slot, and a classic PUBLISH would be broadcast to every node:
 //!   a client has one channel per slot its waiters wait in,
@@ -49,6 +50,9 @@ pub(crate) enum Transport {
     /// them (a release goes to every node, so a waiter is woken while any
     /// node that its lock needs is up).
     Quorum(Vec<redis::Client>),
+    /// The primary Redis Sentinel names: listened on there, and moved to
+    /// the new primary when it changes.
+    Sentinel(Arc<super::Sentinels>),
     /// A Redis Cluster, named by its seed nodes.
     Cluster {
         seeds: Vec<ConnectionInfo>,
@@ -296,7 +300,7 @@ impl Notifier {
         self.ready.send_if_modified(Slots::lose_all);
         let notifier = Arc::downgrade(self);
         *task = Some(match &self.transport {
-            Transport::Node(_) => runtime.spawn(node::run(notifier)),
+            Transport::Node(_) | Transport::Sentinel(_) => runtime.spawn(node::run(notifier)),
             Transport::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
             Transport::Cluster { .. } => runtime.spawn(cluster::run(notifier)),
         });

@@ -315,6 +315,11 @@ fn advice(source: &redis::RedisError) -> &'static str {
     if let Some(failure) = crate::tls::handshake_failure(source) {
         return failure.advice();
     }
+    if crate::backend::is_no_primary(source) {
+        return "check that the sentinels named are up and reachable and monitor this master \
+                name, and that its primary is up; during a failover (the primary down, a \
+                replica not yet promoted) it passes by itself";
+    }
     match source.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
             "the Redis user lacks a permission: grant it, see the minimal ACL rule in \
@@ -326,7 +331,8 @@ fn advice(source: &redis::RedisError) -> &'static str {
              that every instance runs the same version of this crate"
         }
         ErrorKind::Server(ServerErrorKind::ReadOnly) => {
-            "the server is a read-only replica: give the primary's URL (or the cluster's)"
+            "the server is a read-only replica: give the primary's URL (or the cluster's, or \
+             redis-sentinel:// with the sentinels)"
         }
         ErrorKind::Server(
             ServerErrorKind::BusyLoading

@@ -1,5 +1,6 @@
-//! The connection task of a client on one server, or on every node of a
-//! quorum: (re)connects, subscribes to the client's channel and dispatches
+//! The connection task of a client on one server, on every node of a
+//! quorum, or on the primary Redis Sentinel names (moved with it):
+//! (re)connects, subscribes to the client's channel and dispatches
 //! messages. Ends when its client is gone, or when it cannot connect and no
 //! waiter is left.
 
@@ -44,20 +45,35 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         let Some(this) = notifier.upgrade() else {
             return;
         };
+        // With Sentinel: the primary it names now, and its epoch (the
+        // subscription moves when it changes).
+        let mut sentinel = None;
         let redis = match (&this.transport, &quorum) {
-            (Transport::Quorum(nodes), Some((node, _))) => &nodes[*node],
+            (Transport::Quorum(nodes), Some((node, _))) => Ok(nodes[*node].clone()),
             // After a failure, the next seed node.
-            (Transport::Node(seeds), None) => &seeds[seed % seeds.len()],
+            (Transport::Node(seeds), None) => Ok(seeds[seed % seeds.len()].clone()),
+            (Transport::Sentinel(sentinels), None) => within(this.deadline, sentinels.primary())
+                .await
+                .map(|(epoch, primary)| {
+                    sentinel = Some((Arc::clone(sentinels), epoch));
+                    primary
+                }),
             _ => return,
         };
         seed += 1;
         let channel = this.channel(0);
-        let stream = match within(this.deadline, redis.get_async_pubsub()).await {
-            Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&channel))
-                .await
-                .map(|()| pubsub.into_on_message()),
+        let stream = match redis {
+            Ok(redis) => match within(this.deadline, redis.get_async_pubsub()).await {
+                Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&channel))
+                    .await
+                    .map(|()| pubsub.into_on_message()),
+                Err(error) => Err(error),
+            },
             Err(error) => Err(error),
         };
+        if let (Err(_), Some((sentinels, epoch))) = (&stream, &sentinel) {
+            sentinels.suspect(*epoch);
+        }
         let mut stream = match stream {
             Ok(stream) => stream,
             Err(error) => {
@@ -97,16 +113,41 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
             None => this.set_ready(0),
         }
         drop(this);
-        while let Some(message) = stream.next().await {
+        let mut changes = sentinel.as_ref().map(|(sentinels, _)| sentinels.changes());
+        let mut moved = false;
+        loop {
+            let message = match (&mut changes, &sentinel) {
+                // A new primary: listened on there instead.
+                (Some(changes), Some((_, epoch))) => tokio::select! {
+                    message = stream.next() => message,
+                    _ = changes.wait_for(|now| now != epoch) => {
+                        moved = true;
+                        None
+                    }
+                },
+                _ => stream.next().await,
+            };
+            let Some(message) = message else {
+                break;
+            };
             let Some(this) = notifier.upgrade() else {
                 return;
             };
             let tokens: String = message.get_payload().unwrap_or_default();
             this.dispatch(&tokens);
         }
+        if let (false, Some((sentinels, epoch))) = (moved, &sentinel) {
+            // The connection closed: the primary may be gone.
+            sentinels.suspect(*epoch);
+        }
         let Some(this) = notifier.upgrade() else {
             return;
         };
+        if moved {
+            this.set_lost(None);
+            tracing::info!("lock notifications: moving to the new primary");
+            continue;
+        }
         match &quorum {
             Some((node, listening)) => {
                 // The other nodes' messages still come, unless this was the

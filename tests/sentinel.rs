@@ -1,0 +1,296 @@
+//! Redis Sentinel (issue 27): a primary, two replicas and three sentinels
+//! (`test_support::RedisSentinel`), reached through
+//! `redis-sentinel://.../mymaster`. Locks of every kind through it; a
+//! SIGKILLed primary (kept locks renewed on the promoted replica, one it
+//! never got reported lost, a waiter woken there); a manual
+//! `SENTINEL FAILOVER`; one sentinel down; every sentinel down.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{Client, Config, Lock, LockError, LockGuard, RwLock, Semaphore};
+use test_support::RedisSentinel;
+
+/// A client through the sentinels of `setup`.
+fn client(setup: &RedisSentinel) -> Client {
+    Client::new(Config::new(setup.url(""))).unwrap()
+}
+
+/// `GET key` on the data node on `port`.
+fn get(port: u16, key: &str) -> Option<String> {
+    value(&test_support::command(port, &["GET", key]).ok()?)
+}
+
+async fn hold(client: &Client, name: &str, ttl: Duration) -> LockGuard {
+    Lock::new(name)
+        .ttl(ttl)
+        .renew()
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+}
+
+/// Whether `guard`'s holder had a renewal sent after `since` confirmed
+/// (its validity runs from the send time of its last confirmed renewal).
+fn renewed_since(guard: &LockGuard, since: Instant) -> bool {
+    let ttl = guard.ttl();
+    let margin = ttl / 100 + Duration::from_millis(2);
+    guard.is_held() && Instant::now() + guard.remaining() >= since + ttl - margin
+}
+
+#[test]
+fn the_url_forms_are_read_and_passwords_never_shown() {
+    let config = Config::new(
+        "redis-sentinel://locker:SECRET1@10.0.0.1:26379,10.0.0.2/mymaster?sentinel_password=SECRET2",
+    );
+    assert!(config.is_sentinel());
+    let shown = format!("{config:?} {}", config.redacted_url());
+    assert!(!shown.contains("SECRET"), "{shown}");
+    assert!(shown.contains("10.0.0.1:26379"), "{shown}");
+    let built = Config::sentinel(["10.0.0.1:26379", "redis://:SECRET3@10.0.0.2"], "mymaster")
+        .primary_credentials("locker", "SECRET4");
+    assert!(built.is_sentinel());
+    let shown = format!("{built:?} {}", built.redacted_url());
+    assert!(!shown.contains("SECRET"), "{shown}");
+    assert!(shown.contains("mymaster"), "{shown}");
+    assert!(Config::new("rediss-sentinel://s1,s2/cache").is_sentinel());
+    // No master name: refused, with the form expected.
+    let error = Client::new(Config::new("redis-sentinel://127.0.0.1:1")).unwrap_err();
+    assert!(error.to_string().contains("master name"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
+    let mut setup = RedisSentinel::start();
+    let primary = setup.primary().unwrap();
+    let client = client(&setup);
+
+    let guard = Lock::new("job")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(
+        get(primary, "lock:{job}").is_some(),
+        "the lock is on the primary"
+    );
+    assert!(Lock::new("job")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .is_err());
+    guard.release().await.unwrap();
+
+    let rw = RwLock::new("prices").client(client.clone());
+    let reader = rw.read().try_acquire().await.unwrap();
+    assert!(rw.write().try_acquire().await.is_err());
+    reader.release().await.unwrap();
+    rw.write()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let semaphore = Semaphore::new("exports", 2).client(client.clone());
+    let one = semaphore.try_acquire().await.unwrap();
+    let two = semaphore.try_acquire().await.unwrap();
+    assert!(semaphore.try_acquire().await.is_err());
+    one.release().await.unwrap();
+    two.release().await.unwrap();
+
+    // A waiter is woken by a release (the notifier listens on the primary).
+    let held = Lock::new("queue")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = spawn_waiter(&client, "queue", Duration::from_secs(60));
+    wait_until_async("the waiter queues", LINE_TIMEOUT, || {
+        test_support::command(primary, &["LLEN", "lock:{queue}:queue"]).unwrap() == ":1\r\n"
+    })
+    .await;
+    // What lockctl shows (`Client::inspect`) is read through the sentinels.
+    let shown = client.inspect("queue").await.unwrap();
+    assert!(
+        shown
+            .iter()
+            .any(|info| info.name == "queue" && info.is_held()),
+        "{shown:?}"
+    );
+    held.release().await.unwrap();
+    waited(waiter).await.release().await.unwrap();
+
+    // Acknowledged mode: the replicas confirm through the same link (a
+    // loaded machine may make one confirmation miss its 500 ms: tried again,
+    // bounded).
+    let acked = Client::new(
+        Config::new(setup.url(""))
+            .response_timeout(Duration::from_secs(5))
+            .acknowledged(2, Duration::from_millis(500)),
+    )
+    .unwrap();
+    let fenced = Lock::new("acked").fencing().client(acked);
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    let guard = loop {
+        match fenced.try_acquire().await {
+            Ok(guard) => break guard,
+            Err(LockError::NotReplicated { .. }) if Instant::now() < deadline => continue,
+            Err(error) => panic!("{error:?}"),
+        }
+    };
+    assert!(
+        get(primary, "lock:{acked}:fence").is_some(),
+        "a fencing counter"
+    );
+    guard.release().await.unwrap();
+
+    // One sentinel down (the first asked): a new client still finds the
+    // primary through the other two.
+    setup.kill_sentinel(0);
+    let other = Client::new(Config::new(setup.url(""))).unwrap();
+    let guard = Lock::new("job").client(other).try_acquire().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// The primary SIGKILLed while locks are held, one of them taken after the
+/// replicas' links were cut: after the promotion, the kept locks are
+/// renewed on the new primary, the one it never got is reported lost (its
+/// holder told by its next renewal, and another can take it), and a waiter
+/// of a kept lock is woken there by its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
+    let mut setup = RedisSentinel::start();
+    let primary = setup.primary().unwrap();
+    let (one, other) = (client(&setup), client(&setup));
+    // The failover (down after 1 s, the election, the promotion: a few
+    // seconds, more on a loaded machine) must end while the locks are
+    // valid.
+    let ttl = Duration::from_secs(20);
+    let kept = [hold(&one, "a", ttl).await, hold(&one, "b", ttl).await];
+    let waiter = spawn_waiter(&other, "a", Duration::from_secs(90));
+    wait_until_async("the waiter queues", LINE_TIMEOUT, || {
+        test_support::command(primary, &["LLEN", "lock:{a}:queue"]).unwrap() == ":1\r\n"
+    })
+    .await;
+    setup.wait_until_replicated().unwrap();
+    setup.cut_replication(primary).unwrap();
+    let lost = hold(&one, "lost", ttl).await;
+
+    let killed = Instant::now();
+    setup.kill_node(primary);
+    // Progress: the first acquisition of a new lock through the sentinels.
+    let probe = Lock::new("probe")
+        .wait(Duration::from_secs(60))
+        .client(other.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let gap = killed.elapsed();
+    println!("failover gap (SIGKILL of the primary -> first acquisition): {gap:?}");
+    probe.release().await.unwrap();
+    let new = setup.wait_for_new_primary(primary, 0).unwrap();
+    let failed_over = Instant::now();
+    assert_eq!(
+        get(new, "lock:{lost}"),
+        None,
+        "the promoted replica never had it"
+    );
+    assert!(
+        get(new, "lock:{a}").is_some(),
+        "the promoted replica had it"
+    );
+
+    // The lost lock: another holder can take it, and its first holder is
+    // told by its next renewal.
+    let contender = Lock::new("lost")
+        .client(other.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    wait_until_async("the first holder is told", LINE_TIMEOUT, || !lost.is_held()).await;
+    assert!(matches!(lost.release().await, Err(LockError::Lost { .. })));
+    contender.release().await.unwrap();
+
+    // The kept ones: renewed on the new primary.
+    wait_until_async("the kept locks are renewed", LINE_TIMEOUT, || {
+        for guard in &kept {
+            assert!(
+                guard.is_held(),
+                "a kept lock was lost: {:?}",
+                guard.lost_cause()
+            );
+        }
+        kept.iter().all(|guard| renewed_since(guard, failed_over))
+    })
+    .await;
+    // The waiter, subscribed again on the new primary, is woken there.
+    let [a, b] = kept;
+    let released = Instant::now();
+    a.release().await.unwrap();
+    waited(waiter).await.release().await.unwrap();
+    println!("waiter woken {:?} after the release", released.elapsed());
+    b.release().await.unwrap();
+    assert_eq!(one.renewal_stats().lost, 1);
+}
+
+/// `SENTINEL FAILOVER`: the old primary is demoted (it would go on taking
+/// writes for a moment): the client follows the switch, its lock is kept
+/// and renewed on the new primary, and new locks go there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_is_followed() {
+    let setup = RedisSentinel::start();
+    let primary = setup.primary().unwrap();
+    let client = client(&setup);
+    let held = hold(&client, "kept", Duration::from_secs(6)).await;
+    setup.wait_until_replicated().unwrap();
+    setup.failover().unwrap();
+    let new = setup.wait_for_new_primary(primary, 0).unwrap();
+    let switched = Instant::now();
+    // The old primary may answer a moment more (until a sentinel demotes
+    // it): an acquisition that waits is taken on the new one.
+    let after = Lock::new("after")
+        .wait(Duration::from_secs(30))
+        .client(client.clone())
+        .acquire()
+        .await
+        .unwrap();
+    assert!(get(new, "lock:{after}").is_some(), "on the new primary");
+    after.release().await.unwrap();
+    wait_until_async("the kept lock is renewed", LINE_TIMEOUT, || {
+        assert!(held.is_held(), "lost: {:?}", held.lost_cause());
+        renewed_since(&held, switched)
+    })
+    .await;
+    held.release().await.unwrap();
+}
+
+/// Every sentinel down: a clear error naming each, within bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_the_error_names_them() {
+    let mut setup = RedisSentinel::start();
+    for index in 0..setup.sentinel_ports().len() {
+        setup.kill_sentinel(index);
+    }
+    let client =
+        Client::new(Config::new(setup.url("")).response_timeout(Duration::from_secs(2))).unwrap();
+    let started = Instant::now();
+    let error = Lock::new("job")
+        .client(client)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    let text = format!("{error}");
+    for port in setup.sentinel_ports() {
+        assert!(
+            text.contains(&format!("127.0.0.1:{port}")),
+            "{port} not named: {text}"
+        );
+    }
+    assert!(took < Duration::from_secs(15), "took {took:?}: {text}");
+    println!("all sentinels down: {took:?}: {text}");
+}
