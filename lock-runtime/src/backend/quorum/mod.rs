@@ -195,8 +195,7 @@ impl Backend for QuorumBackend {
             let carried = mine >= quorum || not > nodes - quorum;
             // Nodes that failed their last call get no grace (with a
             // minority stopped, every release would wait for it).
-            let worth_waiting =
-                (0..nodes).any(|node| !heard[node] && !self.nodes[node].is_down());
+            let worth_waiting = (0..nodes).any(|node| !heard[node] && !self.nodes[node].is_down());
             if carried && !releases.is_empty() && worth_waiting {
                 // The other nodes get a short grace (most answer within
                 // moments of the majority); a stopped one is left to a
