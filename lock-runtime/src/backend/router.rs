@@ -223,6 +223,13 @@ impl Router {
 
     /// Sends `cmd` to the primary of its key's slot.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let unfinished = Unfinished::new(self);
+        let reply = self.send_once(cmd).await;
+        unfinished.done();
+        reply
+    }
+
+    async fn send_once(&self, cmd: &Cmd) -> RedisResult<Value> {
         let mut connection = self.primary(key_slot(cmd)).await?;
         let reply = connection.req_packed_command(cmd).await;
         let reply = reply.and_then(Value::extract_error);
@@ -252,6 +259,19 @@ impl Router {
     /// command's slot (its commands may be of any slot that primary
     /// serves). Replies as values; redirections in them make the map stale.
     pub(crate) async fn send_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+        slot: Option<u16>,
+    ) -> RedisResult<Vec<Value>> {
+        let unfinished = Unfinished::new(self);
+        let values = self.send_pipeline_once(pipeline, offset, count, slot).await;
+        unfinished.done();
+        values
+    }
+
+    async fn send_pipeline_once(
         &self,
         pipeline: &Pipeline,
         offset: usize,
@@ -314,6 +334,35 @@ impl Router {
             );
         if stale {
             self.forget();
+        }
+    }
+}
+
+/// A call dropped before its node answered (the call's deadline ran out
+/// first, or the caller gave up) makes the slot map stale, as a timeout
+/// would: the node may be stalled, and its slots may move to a replica
+/// meanwhile (the next call then fetches the map instead of going to the
+/// stalled node again).
+struct Unfinished<'a> {
+    router: Option<&'a Router>,
+}
+
+impl<'a> Unfinished<'a> {
+    fn new(router: &'a Router) -> Self {
+        Unfinished {
+            router: Some(router),
+        }
+    }
+
+    fn done(mut self) {
+        self.router = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(router) = self.router {
+            router.forget();
         }
     }
 }
