@@ -661,10 +661,12 @@ async fn a_waiter_rides_out_dropped_connections() {
     let waiter = spawn_waiter(&through(&proxy), "awaited", Duration::from_secs(10));
     wait_until_async("the waiter is queued", BOUND, || queued(&server, "awaited")).await;
     for _ in 0..2 {
+        // Counted before the drop: the client may reconnect at once, on
+        // seeing its connection closed, before its next refresh.
+        let (accepted, attempts) = (proxy.accepted(), script_calls(&server));
         proxy.drop_all();
         // The waiter's next refresh (every 500 ms) meets the dropped
         // connection and goes through on a new one: it waits on.
-        let (accepted, attempts) = (proxy.accepted(), script_calls(&server));
         wait_until_async(
             "the waiter refreshed on a new connection",
             LINE_TIMEOUT,
