@@ -155,3 +155,47 @@ pub async fn waited(
         .expect("the waiter task ran")
         .expect("the waiter got the lock")
 }
+
+/// Has the quorum client open its connections (over TLS too: a handshake
+/// each) with calls that may fail, until one is held on every node of `up`:
+/// a fresh client's first call waits for the nodes it has not heard from yet
+/// only briefly once only they can make the majority, which new connections
+/// on a loaded machine miss ("no majority of the quorum answered"). Then
+/// those nodes have answered this client and count as up.
+pub async fn open_connections(client: &lock_runtime::Client, up: &[RedisServer]) {
+    let held = |node: &RedisServer| redis(node, &["EXISTS", "lock:{warm-up}"]) == ":1\r\n";
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the quorum client never had its call answered by every node that is up"
+        );
+        // A 5 s ttl: each node gets 500 ms to answer an acquisition.
+        let lock = lock_runtime::Lock::new("warm-up")
+            .ttl(Duration::from_secs(5))
+            .client(client.clone());
+        if let Ok(guard) = lock.try_acquire().await {
+            // The nodes beyond the majority get a short grace: a call of
+            // theirs may land a little after.
+            let answered = Instant::now() + Duration::from_secs(1);
+            let everywhere = loop {
+                let everywhere = up.iter().all(held);
+                if everywhere || Instant::now() > answered {
+                    break everywhere;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            guard.release().await.unwrap();
+            if everywhere {
+                return;
+            }
+        }
+        // A failed attempt is given back on the nodes that granted it in
+        // the background: tried again once it is (a try at once would find
+        // the last one's grant on one node and get only the other's).
+        wait_until_async("the warm-up is given back", LINE_TIMEOUT, || {
+            !up.iter().any(held)
+        })
+        .await;
+    }
+}
