@@ -90,7 +90,12 @@ async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
     // The other share is untouched by the lone reader's release.
     assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
     assert_eq!(redis(&server, &["EXISTS", "lock:{prices}:rw"]), ":0\r\n");
-    assert!(lock.write().try_acquire().await.is_err());
+    // The writer key is free, but a share in the readers set is live: the
+    // write's plain `SET` succeeds, sees the share, and gives the key back.
+    let busy = lock.write().try_acquire().await.unwrap_err();
+    assert!(matches!(busy, LockError::Busy { .. }), "{busy:?}");
+    assert_eq!(redis(&server, &["EXISTS", "lock:{prices}:rw"]), ":0\r\n");
+    assert!(score(&server, "lock:{prices}:rw:readers", second.token()).is_some());
     second.release().await.unwrap();
     assert_eq!(
         redis(&server, &["EXISTS", "lock:{prices}:rw:readers"]),
@@ -106,6 +111,59 @@ async fn readers_share_each_with_its_own_expiry_and_a_writer_excludes() {
     assert!(lock.write().try_acquire().await.is_err());
     writer.release().await.unwrap();
     assert_eq!(redis(&server, &["EXISTS", "lock:{prices}:rw"]), ":0\r\n");
+}
+
+/// The uncontended write side costs what the uncontended read costs: one
+/// pipeline of two plain commands (`SET NX PX`, `EXISTS` of the readers
+/// and the queue) and the release script (`GET`, `DEL`, `EXISTS`).
+#[tokio::test]
+async fn an_uncontended_write_is_two_plain_commands_and_the_release_script() {
+    let server = RedisServer::start();
+    let lock = RwLock::new("ledger")
+        .ttl(Duration::from_secs(10))
+        .client(client(&server));
+    // Warm: the release script is loaded.
+    lock.write()
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let commands = [
+        "set",
+        "exists",
+        "evalsha",
+        "eval",
+        "get",
+        "del",
+        "time",
+        "zremrangebyscore",
+    ];
+    let before: Vec<u64> = commands.iter().map(|c| calls(&server, c)).collect();
+    const PAIRS: u64 = 10;
+    for _ in 0..PAIRS {
+        let guard = lock.write().try_acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let per_pair: Vec<(&str, u64)> = commands
+        .iter()
+        .zip(&before)
+        .map(|(c, before)| (*c, (calls(&server, c) - before) / PAIRS))
+        .collect();
+    assert_eq!(
+        per_pair,
+        [
+            ("set", 1),
+            ("exists", 2),
+            ("evalsha", 1),
+            ("eval", 0),
+            ("get", 1),
+            ("del", 1),
+            ("time", 0),
+            ("zremrangebyscore", 0)
+        ]
+    );
 }
 
 #[tokio::test]

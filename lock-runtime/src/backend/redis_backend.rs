@@ -144,7 +144,8 @@ impl RedisBackend {
     async fn acquire_once(&self, request: &AcquireRequest<'_>) -> Result<Acquire, LockError> {
         // Uncontended, without a queue or fencing to honour: one plain
         // `SET NX PX` (for a reader, a lone reader's `r:<token>` in the
-        // writer key).
+        // writer key; for a writer, its token there, checked against the
+        // readers and the queue in the same round trip).
         let plain = !(request.join
             || request.respect
             || request.fence_retention_ms.is_some()
@@ -160,6 +161,12 @@ impl RedisBackend {
                 // reader: this one then shares the ZSET, or the gate of
                 // queued waiters), or waiters are queued. The script
                 // decides.
+                return self.acquire_shared(request).await;
+            }
+            Kind::Write if plain => {
+                if let Some(acquired) = self.lone_writer(request).await? {
+                    return Ok(acquired);
+                }
                 return self.acquire_shared(request).await;
             }
             _ => return self.acquire_shared(request).await,

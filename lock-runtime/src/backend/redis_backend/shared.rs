@@ -122,6 +122,74 @@ impl RedisBackend {
         Ok(set)
     }
 
+    /// The uncontended write: `SET <writer key> <token> NX PX ttl` with
+    /// `EXISTS <readers> <queue>` in the same round trip (2 commands where
+    /// the acquire script runs 6). The `SET` alone does not decide: reader
+    /// shares in the readers set do not occupy the writer key (only a
+    /// lone reader and the gate do). From the `SET` on, no reader can
+    /// enter (the scripts see a writer, the plain read `SET` fails), so
+    /// `EXISTS` answering 0 means no share is live and nobody waits: the
+    /// caller holds the write side. Otherwise (`None`) the key is given back
+    /// at once (the write release, which wakes the waiters it blocked and
+    /// puts the gate back) and the caller runs the acquire script. A retry
+    /// (the first attempt's outcome unknown) gives back whatever that
+    /// attempt may have set, then runs the script without `mine`: the
+    /// token in the key proves nothing about the readers.
+    pub(super) async fn lone_writer(
+        &self,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Option<Acquire>, LockError> {
+        let keys = request.keys;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&keys.lock)
+            .arg(request.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(request.ttl_ms)
+            .cmd("EXISTS")
+            .arg(keys.readers())
+            .arg(keys.queue());
+        let pipe = &pipe;
+        let taken = self
+            .call(
+                keys.name(),
+                "acquire",
+                |mut connection, attempt| async move {
+                    if attempt > 0 {
+                        self.release_shared(Kind::Write, keys, request.token, 0, &mut connection)
+                            .await?;
+                        let reply = self.shared_acquire_script(&mut connection, request, false);
+                        return Ok(Taken::Decided(rw_outcome(request, &reply.await?)));
+                    }
+                    let (set, others): (Option<String>, u32) =
+                        pipe.query_async(&mut connection).await?;
+                    Ok(match (set, others) {
+                        (None, _) => Taken::No,
+                        (Some(_), 0) => Taken::Decided(Acquire::Acquired {
+                            fence: None,
+                            found: None,
+                            holds: None,
+                        }),
+                        (Some(_), _) => Taken::GiveBack,
+                    })
+                },
+            )
+            .await?;
+        match taken {
+            Taken::Decided(decided) => Ok(Some(decided)),
+            Taken::No => Ok(None),
+            Taken::GiveBack => {
+                let give_back = |mut connection, _| async move {
+                    self.release_shared(Kind::Write, keys, request.token, 0, &mut connection)
+                        .await
+                };
+                self.call(keys.name(), "acquire", give_back).await?;
+                Ok(None)
+            }
+        }
+    }
+
     async fn shared_acquire_script(
         &self,
         connection: &mut Link,
@@ -244,6 +312,17 @@ impl RedisBackend {
         .await
         .map(|_| ())
     }
+}
+
+/// What the plain write's round trip found.
+enum Taken {
+    /// The key was taken (nobody else could enter): the caller holds; or a
+    /// retry's script decided.
+    Decided(Acquire),
+    /// The `SET` failed: the key is held (a writer, a lone reader, the gate).
+    No,
+    /// The `SET` succeeded beside reader shares or queued waiters.
+    GiveBack,
 }
 
 /// A read/write lock's five keys: writer, readers, queue, waiters, fence.
