@@ -361,12 +361,12 @@ impl Backend for RedisBackend {
                         "release",
                         |mut connection, attempt| async move {
                             let sent_at = Instant::now();
-                            let found = self
-                                .release_shared(kind, keys, token, keep_ms, &mut connection)
+                            let (found, woke) = self
+                                .release_shared_waking(kind, keys, token, keep_ms, &mut connection)
                                 .await?;
                             Ok(Release {
                                 found,
-                                woke: false,
+                                woke,
                                 retried: attempt > 0,
                                 sent_at,
                             })

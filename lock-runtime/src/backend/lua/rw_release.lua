@@ -8,7 +8,8 @@
 --        value becomes `kept:<token>` with PX keep_ms instead of being
 --        deleted, and nobody is woken; a kept writer key no longer answers to
 --        the token, so a late renewal extends nothing).
--- Returns 1 released (or, with keep_ms > 0, already kept by an earlier
+-- Returns 2 released and woke a waiter (so that the releaser's next attempt
+--         lets it go first), 1 released (or, with keep_ms > 0, already kept by an earlier
 --         attempt of this release), 0 the share was gone or expired (lost;
 --         for a writer, also when the key is the gate: it expired, then
 --         waiters closed the gate), -1 the writer key holds another token
@@ -46,17 +47,17 @@ if ARGV[1] == 'w' then
   end
   redis.call('DEL', KEYS[1])
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
-  wake()
+  local woke = wake()
   settle()
-  return told(1)
+  return told(woke and 2 or 1)
 end
 
 if held == 'r:' .. token then
   redis.call('DEL', KEYS[1])
   if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
-  wake()
+  local woke = wake()
   settle()
-  return told(1)
+  return told(woke and 2 or 1)
 end
 
 local expiry = tonumber(redis.call('ZSCORE', KEYS[2], token))
@@ -64,6 +65,6 @@ if not expiry then return 0 end
 redis.call('ZREM', KEYS[2], token)
 if expiry <= now_ms() then return 0 end
 if held ~= 'q' and redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
-wake()
+local woke = wake()
 settle()
-return told(1)
+return told(woke and 2 or 1)

@@ -15,7 +15,8 @@
 -- is free), with the queue's ttl.
 -- wake(): drops waiters that stopped refreshing; then, if no writer holds:
 -- tells a `w` head entry when no reader share is live, or every `r` entry
--- before the first `w` entry (ONE PUBLISH per channel).
+-- before the first `w` entry (ONE PUBLISH per channel). Returns whether it
+-- told anybody.
 
 local function lone_reader(value)
   return value and string.sub(value, 1, 2) == 'r:'
@@ -38,15 +39,16 @@ end
 
 local function wake()
   local live = live_queue(KEYS[3], KEYS[4], false)
-  if #live == 0 then return end
+  if #live == 0 then return false end
   local value = redis.call('GET', KEYS[1])
-  if writer_holds(value) then return end
+  if writer_holds(value) then return false end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms())
   if string.sub(live[1], 1, 2) == 'w|' then
     if not lone_reader(value) and redis.call('EXISTS', KEYS[2]) == 0 then
       publish({live[1]})
+      return true
     end
-    return
+    return false
   end
   local readers = {}
   for _, queued in ipairs(live) do
@@ -54,4 +56,5 @@ local function wake()
     readers[#readers + 1] = queued
   end
   publish(readers)
+  return #readers > 0
 end

@@ -3,7 +3,8 @@
 -- when nobody holds; wake(n, fair), which drops dead waiters and tells the
 -- waiters whose permits fit in capacity n: from the head, in order, up to
 -- the first that does not (fair), or every one that fits, passing over
--- those that do not (not fair: they may take permits ahead of the queue).
+-- those that do not (not fair: they may take permits ahead of the queue);
+-- it returns whether it told anybody.
 
 -- the k of a member `<k>|<token>` or an entry `<k>|<channel>|<token>`
 local function permits(value)
@@ -28,7 +29,7 @@ end
 -- fit (not fair)
 local function wake(n, fair)
   local live = live_queue(KEYS[2], KEYS[3], false)
-  if #live == 0 or not n then return end
+  if #live == 0 or not n then return false end
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
   local used = 0
   for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], '0', '-1')) do
@@ -46,5 +47,6 @@ local function wake(n, fair)
   end
   publish(woken)
   capacity()
+  return #woken > 0
 end
 

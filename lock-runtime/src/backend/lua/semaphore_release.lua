@@ -5,7 +5,8 @@
 -- ARGV = token, k (the permits it took: the member is `<k>|<token>`),
 --        fair (`0`: wake every waiter that fits, passing over those that do
 --        not; anything else: stop at the first that does not fit).
--- Returns 1 released (then wakes), 0 the holder was expired (its member is
+-- Returns 2 released and woke a waiter (the releaser's next attempt lets it
+--         go first), 1 released (and woke nobody), 0 the holder was expired (its member is
 --         removed) or unknown (nothing is created: no key, no capacity
 --         member).
 --
@@ -27,5 +28,5 @@ if not expiry then return 0 end
 redis.call('ZREM', KEYS[1], member)
 local n = capacity()
 if expiry <= now_ms() then return 0 end
-wake(n, ARGV[3] ~= '0')
+if wake(n, ARGV[3] ~= '0') then return told(2) end
 return told(1)

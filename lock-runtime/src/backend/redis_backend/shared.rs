@@ -246,6 +246,25 @@ impl RedisBackend {
         keep_ms: u64,
         connection: &mut Link,
     ) -> redis::RedisResult<Found> {
+        Ok(self
+            .release_shared_waking(kind, keys, token, keep_ms, connection)
+            .await?
+            .0)
+    }
+
+    /// [`release_shared`](Self::release_shared), and whether the release
+    /// woke a waiter: then the releaser's next attempt lets the waiters go
+    /// first, as after an exclusive lock's hand-over (a contender that
+    /// releases and asks again at once would otherwise take back the share
+    /// or permit it just freed, before the waiter it woke arrives).
+    pub(super) async fn release_shared_waking(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        token: &str,
+        keep_ms: u64,
+        connection: &mut Link,
+    ) -> redis::RedisResult<(Found, bool)> {
         let scripts = self.connection.scripts();
         let bytes = 5 * keys.lock.len() + 48 + token.len();
         let told: Told = if let Kind::Semaphore { permits, fair, .. } = kind {
@@ -266,9 +285,10 @@ impl RedisBackend {
             run(&RW_RELEASE, &cmd, connection, scripts).await?
         };
         Ok(match self.told(told) {
-            1 => Found::Mine,
-            0 => Found::Gone,
-            _ => Found::Other,
+            2 => (Found::Mine, true),
+            1 => (Found::Mine, false),
+            0 => (Found::Gone, false),
+            _ => (Found::Other, false),
         })
     }
 
