@@ -119,7 +119,9 @@ impl RedisBackend {
                 let call = on_borrowed(borrowed, attempt(link, number));
                 async move {
                     match nudge {
-                        Some(ack) => nudged(ack, main, call).await,
+                        // Boxed: acknowledged mode's nudge must not size
+                        // every call's future (see `acquire_once`).
+                        Some(ack) => Box::pin(nudged(ack, main, call)).await,
                         None => call.await,
                     }
                 }
@@ -150,39 +152,52 @@ impl RedisBackend {
             || request.respect
             || request.fence_retention_ms.is_some()
             || request.mine);
+        // Every branch but the first is boxed: a future is as large as its
+        // largest state, and moving it (into its parent's state, into the
+        // box of `Backend::acquire`) copies all of it. Unboxed, the
+        // uncontended exclusive acquire carried the scripts' futures too:
+        // 4.6 KB copied several times per acquisition, a third of the
+        // client CPU it spent beyond hand-written `redis` code (W2).
         match request.kind {
-            Kind::Exclusive if plain => return self.set_if_free(request).await,
-            Kind::Exclusive => {}
+            Kind::Exclusive if plain => self.set_if_free(request).await,
+            Kind::Exclusive => {
+                Box::pin(self.call(
+                    request.keys.name(),
+                    "acquire",
+                    |mut connection, attempt| async move {
+                        let retry = AcquireRequest {
+                            mine: request.mine || attempt > 0,
+                            ..*request
+                        };
+                        self.acquire_script(&mut connection, &retry).await
+                    },
+                ))
+                .await
+            }
             Kind::Read if plain => {
-                if let Some(acquired) = self.lone_reader(request).await? {
-                    return Ok(acquired);
-                }
-                // Someone holds the writer key (a writer, another lone
-                // reader: this one then shares the ZSET, or the gate of
-                // queued waiters), or waiters are queued. The script
-                // decides.
-                return self.acquire_shared(request).await;
+                Box::pin(async {
+                    if let Some(acquired) = self.lone_reader(request).await? {
+                        return Ok(acquired);
+                    }
+                    // Someone holds the writer key (a writer, another lone
+                    // reader: this one then shares the ZSET, or the gate of
+                    // queued waiters), or waiters are queued. The script
+                    // decides.
+                    self.acquire_shared(request).await
+                })
+                .await
             }
             Kind::Write if plain => {
-                if let Some(acquired) = self.lone_writer(request).await? {
-                    return Ok(acquired);
-                }
-                return self.acquire_shared(request).await;
+                Box::pin(async {
+                    if let Some(acquired) = self.lone_writer(request).await? {
+                        return Ok(acquired);
+                    }
+                    self.acquire_shared(request).await
+                })
+                .await
             }
-            _ => return self.acquire_shared(request).await,
+            _ => Box::pin(self.acquire_shared(request)).await,
         }
-        self.call(
-            request.keys.name(),
-            "acquire",
-            |mut connection, attempt| async move {
-                let retry = AcquireRequest {
-                    mine: request.mine || attempt > 0,
-                    ..*request
-                };
-                self.acquire_script(&mut connection, &retry).await
-            },
-        )
-        .await
     }
 
     /// `SET key token NX PX ttl`: what an uncontended lock costs. A retry
@@ -208,7 +223,8 @@ impl RedisBackend {
                         mine: true,
                         ..*request
                     };
-                    return self.acquire_script(&mut connection, &retry).await;
+                    // Boxed: a rare path that must not size the common one.
+                    return Box::pin(self.acquire_script(&mut connection, &retry)).await;
                 }
                 match set.query_async(&mut connection).await? {
                     Value::Okay => Ok(Acquire::Acquired {
@@ -355,24 +371,25 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Release, LockError>> {
         Box::pin(async move {
             if kind != Kind::Exclusive {
-                return self
-                    .call(
-                        keys.name(),
-                        "release",
-                        |mut connection, attempt| async move {
-                            let sent_at = Instant::now();
-                            let (found, woke) = self
-                                .release_shared_waking(kind, keys, token, keep_ms, &mut connection)
-                                .await?;
-                            Ok(Release {
-                                found,
-                                woke,
-                                retried: attempt > 0,
-                                sent_at,
-                            })
-                        },
-                    )
-                    .await;
+                // Boxed: the shared kinds' scripts must not size the
+                // exclusive release's future (see `acquire_once`).
+                return Box::pin(self.call(
+                    keys.name(),
+                    "release",
+                    |mut connection, attempt| async move {
+                        let sent_at = Instant::now();
+                        let (found, woke) = self
+                            .release_shared_waking(kind, keys, token, keep_ms, &mut connection)
+                            .await?;
+                        Ok(Release {
+                            found,
+                            woke,
+                            retried: attempt > 0,
+                            sent_at,
+                        })
+                    },
+                ))
+                .await;
             }
             // Only the lock key: the wake mark in its value names the waiter
             // to wake.
