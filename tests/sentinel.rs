@@ -10,11 +10,77 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, LockGuard, RwLock, Semaphore};
-use test_support::RedisSentinel;
+use test_support::{RedisSentinel, SentinelOptions};
 
 /// A client through the sentinels of `setup`.
 fn client(setup: &RedisSentinel) -> Client {
     Client::new(Config::new(setup.url(""))).unwrap()
+}
+
+/// A client of `url`.
+fn client_of(url: &str) -> Client {
+    Client::new(Config::new(url)).unwrap()
+}
+
+/// A setup whose sentinels want a password and whose data nodes have the
+/// user `locker` with exactly the guide's minimal ACL rule.
+fn secured() -> RedisSentinel {
+    let rule = ["locker", "on", ">locker-secret"]
+        .iter()
+        .chain(test_support::LOCK_ACL)
+        .map(|item| (*item).to_owned())
+        .collect();
+    RedisSentinel::start_with(SentinelOptions {
+        sentinel_password: Some("sentinel-secret".to_owned()),
+        node_users: vec![rule],
+    })
+}
+
+/// The URL of a [`secured`] setup: the data nodes as `locker`, the
+/// sentinels with their password.
+fn locker_url(setup: &RedisSentinel) -> String {
+    setup.url("locker:locker-secret@")
+}
+
+/// A worker process locking through `url` (acknowledged by a replica when
+/// `acknowledged`), its bookkeeping on `bookkeeping`.
+fn worker_at(url: &str, bookkeeping: &RedisServer, args: &[&str], acknowledged: bool) -> Process {
+    let mut env = vec![("BOOKKEEPING_URL", bookkeeping.url())];
+    if acknowledged {
+        env.push(("LOCK_ACKNOWLEDGED", "1".to_owned()));
+    }
+    let env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    Process::spawn_with_env(env!("CARGO_BIN_EXE_lock-worker"), args, Some(url), &env)
+}
+
+/// The fencing token of one acquisition of `lock` (released at once).
+async fn token_of(lock: &Lock) -> u64 {
+    let guard = lock.try_acquire().await.unwrap();
+    let token = guard.fencing_token().expect("taken with fencing");
+    guard.release().await.unwrap();
+    token
+}
+
+/// `server`'s clock in µs (`TIME`).
+fn server_time_us(server: &RedisServer) -> u64 {
+    let reply = redis(server, &["TIME"]);
+    let parts: Vec<u64> = reply
+        .split("\r\n")
+        .filter_map(|line| line.parse().ok())
+        .collect();
+    parts[0] * 1_000_000 + parts[1]
+}
+
+/// The numbers in the list `key` on `server`.
+fn numbers(server: &RedisServer, key: &str) -> Vec<u64> {
+    redis(server, &["LRANGE", key, "0", "-1"])
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+        .map(|line| line.parse().unwrap())
+        .collect()
 }
 
 /// `GET key` on the data node on `port`.
@@ -156,42 +222,119 @@ async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
     guard.release().await.unwrap();
 }
 
-/// The primary SIGKILLed while locks are held, one of them taken after the
-/// replicas' links were cut: after the promotion, the kept locks are
-/// renewed on the new primary, the one it never got is reported lost (its
-/// holder told by its next renewal, and another can take it), and a waiter
-/// of a kept lock is woken there by its release.
+/// The primary SIGKILLed while three worker processes run renewed,
+/// fenced sections of one lock under the attribute (holding, waiting,
+/// renewing), another process and this one hold renewed locks, and some
+/// were taken after the replicas' links were cut. Everyone logs in as a
+/// user with exactly the guide's minimal ACL rule (`LOCK_ACL`, `ROLE`
+/// included), the sentinels with a password. After the promotion:
+/// progress resumes (the gap from the kill to the first section is
+/// printed), no two sections overlapped, fencing tokens kept increasing,
+/// the kept locks (acknowledged ones too) are renewed on the new primary,
+/// the ones it never got are reported lost (by their holders' next
+/// renewal, within their validity) and can be taken by others, and a
+/// waiter of a kept lock is woken there by its release. An acknowledged
+/// acquisition after the cut was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
-    let mut setup = RedisSentinel::start();
+async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_locks() {
+    let mut setup = secured();
+    let bookkeeping = RedisServer::start();
+    let url = locker_url(&setup);
     let primary = setup.primary().unwrap();
-    let (one, other) = (client(&setup), client(&setup));
+    let (one, other) = (client_of(&url), client_of(&url));
     // The failover (down after 1 s, the election, the promotion: a few
     // seconds, more on a loaded machine) must end while the locks are
     // valid.
     let ttl = Duration::from_secs(20);
     let kept = [hold(&one, "a", ttl).await, hold(&one, "b", ttl).await];
+    // Acknowledged by a replica: its renewals are refused from the cut to
+    // the promotion (retried while it is valid: 30 s).
+    let mut acked = worker_at(
+        &url,
+        &bookkeeping,
+        &["hold-renewed", "acked", "30000"],
+        true,
+    );
+    assert!(acked.line(LINE_TIMEOUT).starts_with("held "));
     let waiter = spawn_waiter(&other, "a", Duration::from_secs(90));
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(primary, &["LLEN", "lock:{a}:queue"]).unwrap() == ":1\r\n"
     })
     .await;
+    let fenced = Lock::new("fenced").fencing().client(one.clone());
+    let replicated_token = token_of(&fenced).await;
     setup.wait_until_replicated().unwrap();
-    setup.cut_replication(primary).unwrap();
-    let lost = hold(&one, "lost", ttl).await;
 
+    // From here on, what the primary is told reaches no replica.
+    setup.cut_replication(primary).unwrap();
+    let unreplicated_token = token_of(&fenced).await;
+    let lost = hold(&one, "lost", ttl).await;
+    let mut lost_elsewhere = worker_at(
+        &url,
+        &bookkeeping,
+        &["hold-renewed", "lost-elsewhere", "10000"],
+        false,
+    );
+    assert!(lost_elsewhere.line(LINE_TIMEOUT).starts_with("held "));
+    // Acknowledged mode refuses what no replica confirmed.
+    let acknowledged = Client::new(
+        Config::new(url.as_str())
+            .response_timeout(Duration::from_secs(5))
+            .acknowledged(1, Duration::from_millis(300)),
+    )
+    .unwrap();
+    let refused = Lock::new("refused")
+        .client(acknowledged)
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::NotReplicated { .. })),
+        "{refused:?}"
+    );
+    // The processes' sections run on the primary alone (their lock's state
+    // is not on the replicas: a section's release lost in the failover
+    // would leave the lock held until its ttl).
+    let mut sections: Vec<Process> = (0..3)
+        .map(|_| {
+            worker_at(
+                &url,
+                &bookkeeping,
+                &["failover-sections", "shared", "2", "count"],
+                false,
+            )
+        })
+        .collect();
+    for worker in &mut sections {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+
+    let killed_us = server_time_us(&bookkeeping);
     let killed = Instant::now();
     setup.kill_node(primary);
-    // Progress: the first acquisition of a new lock through the sentinels.
-    let probe = Lock::new("probe")
-        .wait(Duration::from_secs(60))
-        .client(other.clone())
-        .acquire()
-        .await
-        .unwrap();
-    let gap = killed.elapsed();
-    println!("failover gap (SIGKILL of the primary -> first acquisition): {gap:?}");
-    probe.release().await.unwrap();
+    // Progress: the first section begun after the kill.
+    let mut starts = Vec::new();
+    wait_until_async(
+        "a section runs after the kill",
+        Duration::from_secs(60),
+        || {
+            starts = numbers(&bookkeeping, "count:starts");
+            starts.last().is_some_and(|last| *last > killed_us)
+        },
+    )
+    .await;
+    let first = starts.iter().find(|start| **start > killed_us).unwrap();
+    let gap = Duration::from_micros(first - killed_us);
+    println!("failover gap (SIGKILL of the primary -> first section in a worker process): {gap:?}");
+
+    // The lock the new primary never got, in another process: its holder
+    // is told by its next renewal there, within its validity (10 s from
+    // its last renewal, before the kill).
+    let told = lost_elsewhere.line(LINE_TIMEOUT);
+    let told_after = killed.elapsed();
+    println!("the other process was told its lock was lost {told_after:?} after the kill");
+    assert_eq!(told, "lost Deleted", "told by a renewal on the new primary");
+    assert!(told_after < Duration::from_secs(10), "{told_after:?}");
+
     let new = setup.wait_for_new_primary(primary, 0).unwrap();
     let failed_over = Instant::now();
     assert_eq!(
@@ -202,6 +345,14 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     assert!(
         get(new, "lock:{a}").is_some(),
         "the promoted replica had it"
+    );
+    // Fencing tokens: still increasing, from the counter the replica had
+    // and past the token it never got (tokens are seeded by the server's
+    // clock: one machine, one clock here).
+    let after_token = token_of(&fenced).await;
+    assert!(
+        replicated_token < unreplicated_token && unreplicated_token < after_token,
+        "{replicated_token} {unreplicated_token} {after_token}"
     );
 
     // The lost lock: another holder can take it, and its first holder is
@@ -235,6 +386,35 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     println!("waiter woken {:?} after the release", released.elapsed());
     b.release().await.unwrap();
     assert_eq!(one.renewal_stats().lost, 1);
+    // The acknowledged one survived (its renewals confirmed again by the
+    // new primary's replica).
+    acked.send("release");
+    assert_eq!(acked.line(LINE_TIMEOUT), "released");
+
+    // The sections: none overlapped another, their tokens kept increasing.
+    for worker in &mut sections {
+        worker.send("stop");
+    }
+    for worker in &mut sections {
+        let done = worker.line(LINE_TIMEOUT);
+        println!("sections: {done}");
+        assert!(done.starts_with("done ran="), "{done}");
+    }
+    assert_eq!(
+        redis(&bookkeeping, &["GET", "count:overlaps"]),
+        "$-1\r\n",
+        "two sections overlapped"
+    );
+    let fences = numbers(&bookkeeping, "count:fences");
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens went back: {fences:?}"
+    );
+    let after = numbers(&bookkeeping, "count:starts")
+        .into_iter()
+        .filter(|start| *start > killed_us)
+        .count();
+    println!("{} sections, {after} after the kill", fences.len());
 }
 
 /// `SENTINEL FAILOVER`: the old primary is demoted (it would go on taking

@@ -18,7 +18,7 @@ pub mod tls;
 pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
-pub use sentinel::RedisSentinel;
+pub use sentinel::{RedisSentinel, SentinelOptions};
 pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
 use std::io::{self, Read, Write};
@@ -74,12 +74,15 @@ pub const LOCK_ACL: &[&str] = &[
     "+cluster|slots",
     "+wait",
     "+asking",
+    "+role",
 ];
 
 /// A running private redis-server.
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// The `default` user's password (`requirepass`), if it has one.
+    password: Option<String>,
     /// A TLS-only server: its files, and this crate's connections to it.
     tls: Option<TlsServer>,
 }
@@ -247,15 +250,25 @@ impl RedisServer {
                 ),
             )
         })?;
-        let mut server = RedisServer { child, port, tls };
+        let mut server = RedisServer {
+            child,
+            port,
+            password: None,
+            tls,
+        };
         server.wait_until_ready()?;
         Ok(server)
     }
 
     /// A sentinel (`redis-server <config> --sentinel`) on `port`, with its
     /// configuration file at `config` (which Sentinel rewrites: an absolute
-    /// path in a directory of its own). The file sets the port.
-    fn launch_sentinel(port: u16, config: &std::path::Path) -> io::Result<RedisServer> {
+    /// path in a directory of its own). The file sets the port, and the
+    /// `requirepass` that `password` repeats (`None`: none).
+    fn launch_sentinel(
+        port: u16,
+        config: &std::path::Path,
+        password: Option<&str>,
+    ) -> io::Result<RedisServer> {
         let binary = binary();
         let mut command = Command::new(&binary);
         command
@@ -284,6 +297,7 @@ impl RedisServer {
         let mut server = RedisServer {
             child,
             port,
+            password: password.map(str::to_owned),
             tls: None,
         };
         server.wait_until_ready()?;
@@ -328,15 +342,34 @@ impl RedisServer {
     /// and checks, independent of the library under test.
     /// Over TLS for a TLS server (trusting its CA, showing a client
     /// certificate of its client CA).
+    /// A server started with a password (a sentinel with `requirepass`)
+    /// is sent `AUTH` first.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        match &self.tls {
-            Some(tls) => {
-                let mut stream = tls.connector.connect(self.port)?;
-                stream.write_all(&request(args))?;
+        let password = self.password.as_deref();
+        fn exchange(
+            stream: &mut (impl Read + Write),
+            password: Option<&str>,
+            args: &[&str],
+        ) -> io::Result<String> {
+            if let Some(password) = password {
+                stream.write_all(&request(&["AUTH", password]))?;
                 stream.flush()?;
-                read_reply(&mut stream)
+                let reply = read_reply(stream)?;
+                if !reply.starts_with("+OK") {
+                    return Err(io::Error::other(format!("AUTH: {}", reply.trim_end())));
+                }
             }
-            None => command(self.port, args),
+            stream.write_all(&request(args))?;
+            stream.flush()?;
+            read_reply(stream)
+        }
+        match &self.tls {
+            Some(tls) => exchange(&mut tls.connector.connect(self.port)?, password, args),
+            None => {
+                let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+                stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+                exchange(&mut stream, password, args)
+            }
         }
     }
 

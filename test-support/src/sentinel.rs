@@ -12,6 +12,10 @@
 //! the primary and closes their links, so that writes from then on reach
 //! the primary alone (the replica promoted after it dies lacks them), while
 //! the sentinels and the clients (user `default`) go on as before.
+//!
+//! [`SentinelOptions`] adds a password to the sentinels (`requirepass`,
+//! which they also use with each other) and users of the caller's to every
+//! data node (ACL rules are not replicated: each node gets them at start).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -37,6 +41,17 @@ const REPLICATION_PASSWORD: &str = "repl-secret";
 /// How long the setup may take to form, or to settle after a failover.
 const SETTLE: Duration = Duration::from_secs(30);
 
+/// How to start a [`RedisSentinel`] beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct SentinelOptions {
+    /// The sentinels' `requirepass` (`None`: no password).
+    pub sentinel_password: Option<String>,
+    /// Users made on every data node at start: each an ACL rule as
+    /// `ACL SETUSER` takes it, the user's name first (`["locker", "on",
+    /// ">secret", "~lock:*", ...]`).
+    pub node_users: Vec<Vec<String>>,
+}
+
 /// A running private Sentinel setup.
 pub struct RedisSentinel {
     /// The data nodes (the first started as the primary); `None` once
@@ -46,6 +61,7 @@ pub struct RedisSentinel {
     /// The sentinels; `None` once killed.
     sentinels: Vec<Option<RedisServer>>,
     sentinel_ports: Vec<u16>,
+    options: SentinelOptions,
     dir: PathBuf,
 }
 
@@ -60,6 +76,21 @@ impl RedisSentinel {
     /// `replicas` replicas and `sentinels` sentinels (a quorum of 2, so at
     /// least 2), returning an error instead of panicking.
     pub fn try_start(replicas: usize, sentinels: usize) -> io::Result<RedisSentinel> {
+        Self::try_start_with(replicas, sentinels, SentinelOptions::default())
+    }
+
+    /// A primary, two replicas and three sentinels set up by `options`.
+    /// Panics with instructions when it cannot start.
+    pub fn start_with(options: SentinelOptions) -> RedisSentinel {
+        Self::try_start_with(2, 3, options).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`try_start`](Self::try_start) set up by `options`.
+    pub fn try_start_with(
+        replicas: usize,
+        sentinels: usize,
+        options: SentinelOptions,
+    ) -> io::Result<RedisSentinel> {
         let dir = std::env::temp_dir().join(format!(
             "lock-test-sentinel-{}-{}",
             std::process::id(),
@@ -71,6 +102,7 @@ impl RedisSentinel {
             node_ports: Vec::new(),
             sentinels: Vec::new(),
             sentinel_ports: Vec::new(),
+            options,
             dir,
         };
         let primary = setup.start_node(None)?;
@@ -114,6 +146,10 @@ impl RedisSentinel {
         ]
         .map(str::to_owned)
         .to_vec();
+        for user in &self.options.node_users {
+            extra.push("--user".to_owned());
+            extra.extend(user.iter().cloned());
+        }
         if let Some(primary) = replica_of {
             extra.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned()]);
             extra.push(primary.to_string());
@@ -134,8 +170,9 @@ impl RedisSentinel {
         for _ in 0..5 {
             let port = free_port()?;
             let config = self.dir.join(format!("sentinel-{index}.conf"));
-            write_sentinel_config(&config, port, &self.dir, primary)?;
-            match RedisServer::launch_sentinel(port, &config) {
+            let password = self.options.sentinel_password.as_deref();
+            write_sentinel_config(&config, port, &self.dir, primary, password)?;
+            match RedisServer::launch_sentinel(port, &config, password) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -160,15 +197,20 @@ impl RedisSentinel {
     }
 
     /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`, with
-    /// `credentials` (`user:password@`, or empty) for the data nodes.
+    /// `credentials` (`user:password@`, or empty) for the data nodes, and
+    /// `?sentinel_password=...` when the sentinels have one.
     pub fn url(&self, credentials: &str) -> String {
         let hosts: Vec<String> = self
             .sentinel_ports
             .iter()
             .map(|port| format!("127.0.0.1:{port}"))
             .collect();
+        let query = match &self.options.sentinel_password {
+            Some(password) => format!("?sentinel_password={password}"),
+            None => String::new(),
+        };
         format!(
-            "redis-sentinel://{credentials}{}/{MASTER_NAME}",
+            "redis-sentinel://{credentials}{}/{MASTER_NAME}{query}",
             hosts.join(",")
         )
     }
@@ -396,8 +438,14 @@ impl Drop for RedisSentinel {
 
 /// A sentinel's configuration: its port, its directory, the primary to
 /// watch and how quickly to fail it over.
-fn write_sentinel_config(path: &Path, port: u16, dir: &Path, primary: u16) -> io::Result<()> {
-    let config = format!(
+fn write_sentinel_config(
+    path: &Path,
+    port: u16,
+    dir: &Path,
+    primary: u16,
+    password: Option<&str>,
+) -> io::Result<()> {
+    let mut config = format!(
         "port {port}\n\
          bind 127.0.0.1\n\
          daemonize no\n\
@@ -409,6 +457,9 @@ fn write_sentinel_config(path: &Path, port: u16, dir: &Path, primary: u16) -> io
          sentinel parallel-syncs {MASTER_NAME} 2\n",
         dir = dir.display()
     );
+    if let Some(password) = password {
+        config.push_str(&format!("requirepass \"{password}\"\n"));
+    }
     std::fs::write(path, config)
 }
 
