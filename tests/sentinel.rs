@@ -1,6 +1,7 @@
 //! Redis Sentinel (issue 27): a primary, two replicas and three sentinels
 //! (`test_support::RedisSentinel`), reached through
-//! `redis-sentinel://.../mymaster`. Locks of every kind through it; a
+//! `redis-sentinel://.../mymaster`. Locks of every kind (`fair`,
+//! `hold_at_least`, `fencing`, the attribute) through it; a
 //! SIGKILLed primary (kept locks renewed on the promoted replica, one it
 //! never got reported lost, a waiter woken there); a manual
 //! `SENTINEL FAILOVER`; one sentinel down; every sentinel down.
@@ -190,6 +191,39 @@ async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
     held.release().await.unwrap();
     waited(waiter).await.release().await.unwrap();
 
+    // `fair`: the waiters get the lock in arrival order.
+    let fair = Lock::new("line").fair().client(client.clone());
+    let held = fair.try_acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 1..=2 {
+        let lock = fair.clone().wait(Duration::from_secs(60));
+        waiters.push(tokio::spawn(async move { lock.acquire().await }));
+        wait_until_async("the fair waiter queues", LINE_TIMEOUT, || {
+            test_support::command(primary, &["LLEN", "lock:{line}:queue"]).unwrap()
+                == format!(":{queued}\r\n")
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    let second = waiters.pop().unwrap();
+    let first = waited(waiters.pop().unwrap()).await;
+    assert!(!second.is_finished(), "the second waiter went first");
+    first.release().await.unwrap();
+    waited(second).await.release().await.unwrap();
+
+    // The attribute, with `hold_at_least` and `fencing`: a second run
+    // within the minimum hold finds the lock kept, and tokens increase.
+    let first = report(&client, 1).await.unwrap();
+    let again = report(&client, 1).await;
+    assert!(again.as_ref().is_err_and(LockError::is_busy), "{again:?}");
+    let kept_for = value(&test_support::command(primary, &["PTTL", "lock:{report:1}"]).unwrap());
+    assert!(
+        kept_for.is_some_and(|ms| ms.parse::<i64>().unwrap() > 0),
+        "kept after the run"
+    );
+    let other_day = report(&client, 2).await.unwrap();
+    assert!(other_day > first, "{first} {other_day}");
+
     // Acknowledged mode: the replicas confirm through the same link (a
     // loaded machine may make one confirmation miss its 500 ms: tried again,
     // bounded).
@@ -220,6 +254,22 @@ async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
     let other = Client::new(Config::new(setup.url(""))).unwrap();
     let guard = Lock::new("job").client(other).try_acquire().await.unwrap();
     guard.release().await.unwrap();
+}
+
+/// A run under the attribute through the sentinels, kept for 10 s at
+/// least (one per day), returning its fencing token.
+#[lock_runtime::distributed_lock(
+    key = "report:<day>",
+    client = client,
+    ttl = "30s",
+    hold_at_least = "10s",
+    fencing
+)]
+async fn report(client: &Client, day: u32) -> Result<u64, LockError> {
+    let _ = day;
+    Ok(lock_runtime::current()
+        .and_then(|held| held.fencing_token())
+        .expect("taken with fencing"))
 }
 
 /// The primary SIGKILLed while three worker processes run renewed,
