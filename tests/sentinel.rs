@@ -11,7 +11,7 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, LockGuard, RwLock, Semaphore};
-use test_support::{RedisSentinel, SentinelOptions};
+use test_support::{Ca, RedisSentinel, SentinelOptions, TlsOptions};
 
 /// A client through the sentinels of `setup`.
 fn client(setup: &RedisSentinel) -> Client {
@@ -24,8 +24,9 @@ fn client_of(url: &str) -> Client {
 }
 
 /// A setup whose sentinels want a password and whose data nodes have the
-/// user `locker` with exactly the guide's minimal ACL rule.
-fn secured() -> RedisSentinel {
+/// user `locker` with exactly the guide's minimal ACL rule; TLS only
+/// everywhere with `tls`.
+fn secured(tls: Option<TlsOptions>) -> RedisSentinel {
     let rule = ["locker", "on", ">locker-secret"]
         .iter()
         .chain(test_support::LOCK_ACL)
@@ -34,6 +35,7 @@ fn secured() -> RedisSentinel {
     RedisSentinel::start_with(SentinelOptions {
         sentinel_password: Some("sentinel-secret".to_owned()),
         node_users: vec![rule],
+        tls,
     })
 }
 
@@ -287,7 +289,7 @@ async fn report(client: &Client, day: u32) -> Result<u64, LockError> {
 /// acquisition after the cut was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_locks() {
-    let mut setup = secured();
+    let mut setup = secured(None);
     let bookkeeping = RedisServer::start();
     let url = locker_url(&setup);
     let primary = setup.primary().unwrap();
@@ -467,14 +469,58 @@ async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_
     println!("{} sections, {after} after the kill", fences.len());
 }
 
-/// `SENTINEL FAILOVER`: the old primary is demoted (it would go on taking
-/// writes for a moment): the client follows the switch, its lock is kept
-/// and renewed on the new primary, and new locks go there.
+/// `SENTINEL FAILOVER`, over TLS everywhere (`rediss-sentinel://`, the
+/// sentinels with a password, the data nodes as a user of the minimal
+/// rule): the old primary is demoted (it would go on taking writes for a
+/// moment): the client follows the switch, its lock is kept and renewed on
+/// the new primary, and new locks go there. No password is shown, nor in
+/// the error of a wrong one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_manual_failover_is_followed() {
-    let setup = RedisSentinel::start();
+async fn a_manual_failover_is_followed_over_tls_with_passwords() {
+    let ca = Ca::new("sentinel-ca");
+    let setup = secured(Some(TlsOptions::loopback(&ca)));
+    let url = locker_url(&setup);
+    assert!(url.starts_with("rediss-sentinel://"), "{url}");
+    let tls_client = |url: &str| {
+        Client::new(
+            Config::new(url)
+                .tls_root_certificates(ca.certificate_pem())
+                .response_timeout(Duration::from_secs(2)),
+        )
+        .unwrap()
+    };
+    // A wrong password for the sentinels, then for the data nodes: refused
+    // at once (not retried until the call's deadline, 3 s), saying which
+    // login to check, naming neither password.
+    for (wrong, check) in [
+        (
+            url.replace("sentinel-secret", "WRONG-sentinel"),
+            "check the sentinels' user and password",
+        ),
+        (
+            url.replace("locker-secret", "WRONG-locker"),
+            "check the user and password of the data nodes",
+        ),
+    ] {
+        let started = Instant::now();
+        let error = Lock::new("job")
+            .client(tls_client(&wrong))
+            .try_acquire()
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        let shown = format!("{error} {error:?}");
+        assert!(
+            !shown.contains("WRONG") && !shown.contains("secret"),
+            "{shown}"
+        );
+        println!("a wrong password, refused after {took:?}: {error}");
+    }
+    let client = tls_client(&url);
+    let shown = format!("{client:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+
     let primary = setup.primary().unwrap();
-    let client = client(&setup);
     let held = hold(&client, "kept", Duration::from_secs(6)).await;
     setup.wait_until_replicated().unwrap();
     setup.failover().unwrap();
@@ -488,7 +534,12 @@ async fn a_manual_failover_is_followed() {
         .acquire()
         .await
         .unwrap();
-    assert!(get(new, "lock:{after}").is_some(), "on the new primary");
+    let on_new = setup
+        .node(new)
+        .unwrap()
+        .command(&["GET", "lock:{after}"])
+        .unwrap();
+    assert!(value(&on_new).is_some(), "on the new primary");
     after.release().await.unwrap();
     wait_until_async("the kept lock is renewed", LINE_TIMEOUT, || {
         assert!(held.is_held(), "lost: {:?}", held.lost_cause());

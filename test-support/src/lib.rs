@@ -263,17 +263,33 @@ impl RedisServer {
     /// A sentinel (`redis-server <config> --sentinel`) on `port`, with its
     /// configuration file at `config` (which Sentinel rewrites: an absolute
     /// path in a directory of its own). The file sets the port, and the
-    /// `requirepass` that `password` repeats (`None`: none).
+    /// `requirepass` that `password` repeats (`None`: none). With `tls`, it
+    /// serves TLS only on `port` and reaches the data nodes and the other
+    /// sentinels over TLS (`tls-replication yes`), its files in `tls_dir`.
     fn launch_sentinel(
         port: u16,
         config: &std::path::Path,
         password: Option<&str>,
+        tls: Option<(&TlsOptions, PathBuf)>,
     ) -> io::Result<RedisServer> {
         let binary = binary();
         let mut command = Command::new(&binary);
+        command.arg(config).arg("--sentinel");
+        let tls = match tls {
+            Some((options, dir)) => {
+                let args = options.write_files(&dir)?;
+                command
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(["--tls-replication", "yes"])
+                    .args(args);
+                Some(TlsServer {
+                    dir,
+                    connector: options.connector()?,
+                })
+            }
+            None => None,
+        };
         command
-            .arg(config)
-            .arg("--sentinel")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
@@ -298,7 +314,7 @@ impl RedisServer {
             child,
             port,
             password: password.map(str::to_owned),
-            tls: None,
+            tls,
         };
         server.wait_until_ready()?;
         Ok(server)

@@ -21,7 +21,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, RedisServer};
+use crate::{free_port, RedisServer, TlsOptions};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "mymaster";
@@ -42,7 +42,7 @@ const REPLICATION_PASSWORD: &str = "repl-secret";
 const SETTLE: Duration = Duration::from_secs(30);
 
 /// How to start a [`RedisSentinel`] beyond the defaults.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct SentinelOptions {
     /// The sentinels' `requirepass` (`None`: no password).
     pub sentinel_password: Option<String>,
@@ -50,6 +50,10 @@ pub struct SentinelOptions {
     /// `ACL SETUSER` takes it, the user's name first (`["locker", "on",
     /// ">secret", "~lock:*", ...]`).
     pub node_users: Vec<Vec<String>>,
+    /// TLS only, everywhere: the data nodes and the sentinels serve TLS
+    /// (this crate's certificates), replicate and reach each other over it
+    /// (`tls-replication yes`).
+    pub tls: Option<TlsOptions>,
 }
 
 /// A running private Sentinel setup.
@@ -154,9 +158,16 @@ impl RedisSentinel {
             extra.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned()]);
             extra.push(primary.to_string());
         }
+        if self.options.tls.is_some() {
+            extra.extend(["--tls-replication", "yes"].map(str::to_owned));
+        }
         let mut last_error = None;
         for _ in 0..5 {
-            match RedisServer::launch(free_port()?, None, &extra) {
+            let started = match &self.options.tls {
+                Some(tls) => RedisServer::start_tls_with(free_port()?, tls, &extra),
+                None => RedisServer::launch(free_port()?, None, &extra),
+            };
+            match started {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -172,7 +183,12 @@ impl RedisSentinel {
             let config = self.dir.join(format!("sentinel-{index}.conf"));
             let password = self.options.sentinel_password.as_deref();
             write_sentinel_config(&config, port, &self.dir, primary, password)?;
-            match RedisServer::launch_sentinel(port, &config, password) {
+            let tls = self
+                .options
+                .tls
+                .as_ref()
+                .map(|tls| (tls, self.dir.join(format!("sentinel-{index}-tls"))));
+            match RedisServer::launch_sentinel(port, &config, password, tls) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -196,8 +212,9 @@ impl RedisSentinel {
         &self.node_ports
     }
 
-    /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`, with
-    /// `credentials` (`user:password@`, or empty) for the data nodes, and
+    /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`
+    /// (`rediss-sentinel://` with TLS), with `credentials`
+    /// (`user:password@`, or empty) for the data nodes, and
     /// `?sentinel_password=...` when the sentinels have one.
     pub fn url(&self, credentials: &str) -> String {
         let hosts: Vec<String> = self
@@ -209,8 +226,12 @@ impl RedisSentinel {
             Some(password) => format!("?sentinel_password={password}"),
             None => String::new(),
         };
+        let scheme = match self.options.tls {
+            Some(_) => "rediss-sentinel",
+            None => "redis-sentinel",
+        };
         format!(
-            "redis-sentinel://{credentials}{}/{MASTER_NAME}{query}",
+            "{scheme}://{credentials}{}/{MASTER_NAME}{query}",
             hosts.join(",")
         )
     }
