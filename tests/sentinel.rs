@@ -514,6 +514,8 @@ async fn a_manual_failover_is_followed_over_tls_with_passwords() {
             !shown.contains("WRONG") && !shown.contains("secret"),
             "{shown}"
         );
+        assert!(shown.contains(check), "{shown}");
+        assert!(took < Duration::from_secs(2), "took {took:?}: {shown}");
         println!("a wrong password, refused after {took:?}: {error}");
     }
     let client = tls_client(&url);

@@ -835,6 +835,7 @@ mod tests {
                 "sentinel 10.0.0.1:26379 could not be asked (refused)".to_owned(),
                 "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
             ],
+            login_refused: false,
         }
         .into();
         assert!(is_no_primary(&error));
@@ -846,5 +847,18 @@ mod tests {
         assert!(super::super::retryable(&error));
         let other: RedisError = std::io::Error::other("boom").into();
         assert!(!is_no_primary(&other));
+    }
+
+    #[test]
+    fn a_refused_login_everywhere_is_not_retried() {
+        let error: RedisError = NoPrimary {
+            master: "mymaster".to_owned(),
+            reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
+            login_refused: true,
+        }
+        .into();
+        assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
+        assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
+        assert!(!super::super::retryable(&error));
     }
 }
