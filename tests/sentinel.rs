@@ -11,6 +11,7 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, LockGuard, RwLock, Semaphore};
+use test_support::sentinel::DOWN_AFTER_MS;
 use test_support::{Ca, RedisSentinel, SentinelOptions, TlsOptions};
 
 /// A client through the sentinels of `setup`.
@@ -363,18 +364,22 @@ async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_
     let killed_us = server_time_us(&bookkeeping);
     let killed = Instant::now();
     setup.kill_node(primary);
-    // Progress: the first section begun after the kill.
+    // Progress: the first section begun on the new primary. No replica
+    // is promoted before the sentinels have found the primary silent for
+    // `DOWN_AFTER_MS`: a section that begins sooner took the lock on the
+    // old primary, just before the kill (its body goes on meanwhile).
+    let promotable_us = killed_us + DOWN_AFTER_MS * 1000;
     let mut starts = Vec::new();
     wait_until_async(
         "a section runs after the kill",
         Duration::from_secs(60),
         || {
             starts = numbers(&bookkeeping, "count:starts");
-            starts.last().is_some_and(|last| *last > killed_us)
+            starts.last().is_some_and(|last| *last > promotable_us)
         },
     )
     .await;
-    let first = starts.iter().find(|start| **start > killed_us).unwrap();
+    let first = starts.iter().find(|start| **start > promotable_us).unwrap();
     let gap = Duration::from_micros(first - killed_us);
     println!("failover gap (SIGKILL of the primary -> first section in a worker process): {gap:?}");
 
@@ -464,9 +469,9 @@ async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_
     );
     let after = numbers(&bookkeeping, "count:starts")
         .into_iter()
-        .filter(|start| *start > killed_us)
+        .filter(|start| *start > promotable_us)
         .count();
-    println!("{} sections, {after} after the kill", fences.len());
+    println!("{} sections, {after} on the new primary", fences.len());
 }
 
 /// `SENTINEL FAILOVER`, over TLS everywhere (`rediss-sentinel://`, the
