@@ -24,10 +24,11 @@ fn client_of(url: &str) -> Client {
     Client::new(Config::new(url)).unwrap()
 }
 
-/// A setup whose sentinels want a password and whose data nodes have the
-/// user `locker` with exactly the guide's minimal ACL rule; TLS only
-/// everywhere with `tls`.
-fn secured(tls: Option<TlsOptions>) -> RedisSentinel {
+/// A setup whose sentinels want a password (`requirepass`, or that of
+/// their own `sentinel_user`) and whose data nodes have the user `locker`
+/// with exactly the guide's minimal ACL rule; TLS only everywhere with
+/// `tls`.
+fn secured(tls: Option<TlsOptions>, sentinel_user: Option<&str>) -> RedisSentinel {
     let rule = ["locker", "on", ">locker-secret"]
         .iter()
         .chain(test_support::LOCK_ACL)
@@ -35,6 +36,7 @@ fn secured(tls: Option<TlsOptions>) -> RedisSentinel {
         .collect();
     RedisSentinel::start_with(SentinelOptions {
         sentinel_password: Some("sentinel-secret".to_owned()),
+        sentinel_user: sentinel_user.map(str::to_owned),
         node_users: vec![rule],
         tls,
     })
@@ -290,7 +292,7 @@ async fn report(client: &Client, day: u32) -> Result<u64, LockError> {
 /// acquisition after the cut was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_locks() {
-    let mut setup = secured(None);
+    let mut setup = secured(None, None);
     let bookkeeping = RedisServer::start();
     let url = locker_url(&setup);
     let primary = setup.primary().unwrap();
@@ -475,17 +477,18 @@ async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_
 }
 
 /// `SENTINEL FAILOVER`, over TLS everywhere (`rediss-sentinel://`, the
-/// sentinels with a password, the data nodes as a user of the minimal
-/// rule): the old primary is demoted (it would go on taking writes for a
+/// sentinels as a user of theirs, `sentinel_user` and `sentinel_password`,
+/// the data nodes as a user of the minimal rule): the old primary is demoted (it would go on taking writes for a
 /// moment): the client follows the switch, its lock is kept and renewed on
 /// the new primary, and new locks go there. No password is shown, nor in
 /// the error of a wrong one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_failover_is_followed_over_tls_with_passwords() {
     let ca = Ca::new("sentinel-ca");
-    let setup = secured(Some(TlsOptions::loopback(&ca)));
+    let setup = secured(Some(TlsOptions::loopback(&ca)), Some("watcher"));
     let url = locker_url(&setup);
     assert!(url.starts_with("rediss-sentinel://"), "{url}");
+    assert!(url.contains("sentinel_user=watcher"), "{url}");
     let tls_client = |url: &str| {
         Client::new(
             Config::new(url)

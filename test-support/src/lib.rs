@@ -81,10 +81,18 @@ pub const LOCK_ACL: &[&str] = &[
 pub struct RedisServer {
     child: Child,
     port: u16,
-    /// The `default` user's password (`requirepass`), if it has one.
-    password: Option<String>,
+    /// How this crate's connections log in (`AUTH [user] password`), if
+    /// the server wants it.
+    login: Option<Login>,
     /// A TLS-only server: its files, and this crate's connections to it.
     tls: Option<TlsServer>,
+}
+
+/// A user (`None`: `default`) and password to log in with.
+#[derive(Clone)]
+pub(crate) struct Login {
+    pub(crate) user: Option<String>,
+    pub(crate) password: String,
 }
 
 struct TlsServer {
@@ -253,7 +261,7 @@ impl RedisServer {
         let mut server = RedisServer {
             child,
             port,
-            password: None,
+            login: None,
             tls,
         };
         server.wait_until_ready()?;
@@ -263,13 +271,13 @@ impl RedisServer {
     /// A sentinel (`redis-server <config> --sentinel`) on `port`, with its
     /// configuration file at `config` (which Sentinel rewrites: an absolute
     /// path in a directory of its own). The file sets the port, and the
-    /// `requirepass` that `password` repeats (`None`: none). With `tls`, it
+    /// login that `login` repeats (`None`: none). With `tls`, it
     /// serves TLS only on `port` and reaches the data nodes and the other
     /// sentinels over TLS (`tls-replication yes`), its files in `tls_dir`.
     fn launch_sentinel(
         port: u16,
         config: &std::path::Path,
-        password: Option<&str>,
+        login: Option<Login>,
         tls: Option<(&TlsOptions, PathBuf)>,
     ) -> io::Result<RedisServer> {
         let binary = binary();
@@ -313,7 +321,7 @@ impl RedisServer {
         let mut server = RedisServer {
             child,
             port,
-            password: password.map(str::to_owned),
+            login,
             tls,
         };
         server.wait_until_ready()?;
@@ -358,17 +366,21 @@ impl RedisServer {
     /// and checks, independent of the library under test.
     /// Over TLS for a TLS server (trusting its CA, showing a client
     /// certificate of its client CA).
-    /// A server started with a password (a sentinel with `requirepass`)
-    /// is sent `AUTH` first.
+    /// A server started with a login (a sentinel with a password) is sent
+    /// `AUTH` first.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        let password = self.password.as_deref();
+        let login = self.login.as_ref();
         fn exchange(
             stream: &mut (impl Read + Write),
-            password: Option<&str>,
+            login: Option<&Login>,
             args: &[&str],
         ) -> io::Result<String> {
-            if let Some(password) = password {
-                stream.write_all(&request(&["AUTH", password]))?;
+            if let Some(login) = login {
+                let auth = match &login.user {
+                    Some(user) => request(&["AUTH", user, &login.password]),
+                    None => request(&["AUTH", &login.password]),
+                };
+                stream.write_all(&auth)?;
                 stream.flush()?;
                 let reply = read_reply(stream)?;
                 if !reply.starts_with("+OK") {
@@ -380,11 +392,11 @@ impl RedisServer {
             read_reply(stream)
         }
         match &self.tls {
-            Some(tls) => exchange(&mut tls.connector.connect(self.port)?, password, args),
+            Some(tls) => exchange(&mut tls.connector.connect(self.port)?, login, args),
             None => {
                 let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
                 stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-                exchange(&mut stream, password, args)
+                exchange(&mut stream, login, args)
             }
         }
     }

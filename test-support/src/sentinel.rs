@@ -21,7 +21,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, RedisServer, TlsOptions};
+use crate::{free_port, Login, RedisServer, TlsOptions};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "mymaster";
@@ -44,8 +44,13 @@ const SETTLE: Duration = Duration::from_secs(30);
 /// How to start a [`RedisSentinel`] beyond the defaults.
 #[derive(Clone, Default)]
 pub struct SentinelOptions {
-    /// The sentinels' `requirepass` (`None`: no password).
+    /// The sentinels' password (`None`: none): `requirepass`, or with
+    /// [`sentinel_user`](Self::sentinel_user) that user's.
     pub sentinel_password: Option<String>,
+    /// A user of the sentinels' own (their ACL: `default` turned off, this
+    /// user allowed everything), which they also use with each other
+    /// (`sentinel sentinel-user`); needs a password.
+    pub sentinel_user: Option<String>,
     /// Users made on every data node at start: each an ACL rule as
     /// `ACL SETUSER` takes it, the user's name first (`["locker", "on",
     /// ">secret", "~lock:*", ...]`).
@@ -181,14 +186,21 @@ impl RedisSentinel {
         for _ in 0..5 {
             let port = free_port()?;
             let config = self.dir.join(format!("sentinel-{index}.conf"));
-            let password = self.options.sentinel_password.as_deref();
-            write_sentinel_config(&config, port, &self.dir, primary, password)?;
+            let login = self
+                .options
+                .sentinel_password
+                .clone()
+                .map(|password| Login {
+                    user: self.options.sentinel_user.clone(),
+                    password,
+                });
+            write_sentinel_config(&config, port, &self.dir, primary, login.as_ref())?;
             let tls = self
                 .options
                 .tls
                 .as_ref()
                 .map(|tls| (tls, self.dir.join(format!("sentinel-{index}-tls"))));
-            match RedisServer::launch_sentinel(port, &config, password, tls) {
+            match RedisServer::launch_sentinel(port, &config, login, tls) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -215,16 +227,20 @@ impl RedisSentinel {
     /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`
     /// (`rediss-sentinel://` with TLS), with `credentials`
     /// (`user:password@`, or empty) for the data nodes, and
-    /// `?sentinel_password=...` when the sentinels have one.
+    /// `?sentinel_password=...` (and `sentinel_user=...`) when the
+    /// sentinels have one.
     pub fn url(&self, credentials: &str) -> String {
         let hosts: Vec<String> = self
             .sentinel_ports
             .iter()
             .map(|port| format!("127.0.0.1:{port}"))
             .collect();
-        let query = match &self.options.sentinel_password {
-            Some(password) => format!("?sentinel_password={password}"),
-            None => String::new(),
+        let query = match (&self.options.sentinel_user, &self.options.sentinel_password) {
+            (Some(user), Some(password)) => {
+                format!("?sentinel_user={user}&sentinel_password={password}")
+            }
+            (None, Some(password)) => format!("?sentinel_password={password}"),
+            _ => String::new(),
         };
         let scheme = match self.options.tls {
             Some(_) => "rediss-sentinel",
@@ -464,7 +480,7 @@ fn write_sentinel_config(
     port: u16,
     dir: &Path,
     primary: u16,
-    password: Option<&str>,
+    login: Option<&Login>,
 ) -> io::Result<()> {
     let mut config = format!(
         "port {port}\n\
@@ -478,8 +494,21 @@ fn write_sentinel_config(
          sentinel parallel-syncs {MASTER_NAME} 2\n",
         dir = dir.display()
     );
-    if let Some(password) = password {
-        config.push_str(&format!("requirepass \"{password}\"\n"));
+    match login {
+        Some(Login {
+            user: Some(user),
+            password,
+        }) => config.push_str(&format!(
+            "user default off\n\
+             user {user} on >{password} ~* &* +@all\n\
+             sentinel sentinel-user {user}\n\
+             sentinel sentinel-pass {password}\n"
+        )),
+        Some(Login {
+            user: None,
+            password,
+        }) => config.push_str(&format!("requirepass \"{password}\"\n")),
+        None => {}
     }
     std::fs::write(path, config)
 }
