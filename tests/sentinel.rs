@@ -1,6 +1,7 @@
 //! Redis Sentinel (issue 27): a primary, two replicas and three sentinels
 //! (`test_support::RedisSentinel`), reached through
-//! `redis-sentinel://.../mymaster`. Locks of every kind through it; a
+//! `redis-sentinel://.../mymaster`. Locks of every kind (`fair`,
+//! `hold_at_least`, `fencing`, the attribute) through it; a
 //! SIGKILLed primary (kept locks renewed on the promoted replica, one it
 //! never got reported lost, a waiter woken there); a manual
 //! `SENTINEL FAILOVER`; one sentinel down; every sentinel down.
@@ -10,11 +11,82 @@ use common::*;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{Client, Config, Lock, LockError, LockGuard, RwLock, Semaphore};
-use test_support::RedisSentinel;
+use test_support::sentinel::DOWN_AFTER_MS;
+use test_support::{Ca, RedisSentinel, SentinelOptions, TlsOptions};
 
 /// A client through the sentinels of `setup`.
 fn client(setup: &RedisSentinel) -> Client {
     Client::new(Config::new(setup.url(""))).unwrap()
+}
+
+/// A client of `url`.
+fn client_of(url: &str) -> Client {
+    Client::new(Config::new(url)).unwrap()
+}
+
+/// A setup whose sentinels want a password (`requirepass`, or that of
+/// their own `sentinel_user`) and whose data nodes have the user `locker`
+/// with exactly the guide's minimal ACL rule; TLS only everywhere with
+/// `tls`.
+fn secured(tls: Option<TlsOptions>, sentinel_user: Option<&str>) -> RedisSentinel {
+    let rule = ["locker", "on", ">locker-secret"]
+        .iter()
+        .chain(test_support::LOCK_ACL)
+        .map(|item| (*item).to_owned())
+        .collect();
+    RedisSentinel::start_with(SentinelOptions {
+        sentinel_password: Some("sentinel-secret".to_owned()),
+        sentinel_user: sentinel_user.map(str::to_owned),
+        node_users: vec![rule],
+        tls,
+    })
+}
+
+/// The URL of a [`secured`] setup: the data nodes as `locker`, the
+/// sentinels with their password.
+fn locker_url(setup: &RedisSentinel) -> String {
+    setup.url("locker:locker-secret@")
+}
+
+/// A worker process locking through `url` (acknowledged by a replica when
+/// `acknowledged`), its bookkeeping on `bookkeeping`.
+fn worker_at(url: &str, bookkeeping: &RedisServer, args: &[&str], acknowledged: bool) -> Process {
+    let mut env = vec![("BOOKKEEPING_URL", bookkeeping.url())];
+    if acknowledged {
+        env.push(("LOCK_ACKNOWLEDGED", "1".to_owned()));
+    }
+    let env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    Process::spawn_with_env(env!("CARGO_BIN_EXE_lock-worker"), args, Some(url), &env)
+}
+
+/// The fencing token of one acquisition of `lock` (released at once).
+async fn token_of(lock: &Lock) -> u64 {
+    let guard = lock.try_acquire().await.unwrap();
+    let token = guard.fencing_token().expect("taken with fencing");
+    guard.release().await.unwrap();
+    token
+}
+
+/// `server`'s clock in µs (`TIME`).
+fn server_time_us(server: &RedisServer) -> u64 {
+    let reply = redis(server, &["TIME"]);
+    let parts: Vec<u64> = reply
+        .split("\r\n")
+        .filter_map(|line| line.parse().ok())
+        .collect();
+    parts[0] * 1_000_000 + parts[1]
+}
+
+/// The numbers in the list `key` on `server`.
+fn numbers(server: &RedisServer, key: &str) -> Vec<u64> {
+    redis(server, &["LRANGE", key, "0", "-1"])
+        .split("\r\n")
+        .filter(|line| !line.is_empty() && !line.starts_with(['*', '$']))
+        .map(|line| line.parse().unwrap())
+        .collect()
 }
 
 /// `GET key` on the data node on `port`.
@@ -124,6 +196,39 @@ async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
     held.release().await.unwrap();
     waited(waiter).await.release().await.unwrap();
 
+    // `fair`: the waiters get the lock in arrival order.
+    let fair = Lock::new("line").fair().client(client.clone());
+    let held = fair.try_acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 1..=2 {
+        let lock = fair.clone().wait(Duration::from_secs(60));
+        waiters.push(tokio::spawn(async move { lock.acquire().await }));
+        wait_until_async("the fair waiter queues", LINE_TIMEOUT, || {
+            test_support::command(primary, &["LLEN", "lock:{line}:queue"]).unwrap()
+                == format!(":{queued}\r\n")
+        })
+        .await;
+    }
+    held.release().await.unwrap();
+    let second = waiters.pop().unwrap();
+    let first = waited(waiters.pop().unwrap()).await;
+    assert!(!second.is_finished(), "the second waiter went first");
+    first.release().await.unwrap();
+    waited(second).await.release().await.unwrap();
+
+    // The attribute, with `hold_at_least` and `fencing`: a second run
+    // within the minimum hold finds the lock kept, and tokens increase.
+    let first = report(&client, 1).await.unwrap();
+    let again = report(&client, 1).await;
+    assert!(again.as_ref().is_err_and(LockError::is_busy), "{again:?}");
+    let kept_for = value(&test_support::command(primary, &["PTTL", "lock:{report:1}"]).unwrap());
+    assert!(
+        kept_for.is_some_and(|ms| ms.parse::<i64>().unwrap() > 0),
+        "kept after the run"
+    );
+    let other_day = report(&client, 2).await.unwrap();
+    assert!(other_day > first, "{first} {other_day}");
+
     // Acknowledged mode: the replicas confirm through the same link (a
     // loaded machine may make one confirmation miss its 500 ms: tried again,
     // bounded).
@@ -156,42 +261,139 @@ async fn every_kind_of_lock_works_through_the_sentinels_and_with_one_down() {
     guard.release().await.unwrap();
 }
 
-/// The primary SIGKILLed while locks are held, one of them taken after the
-/// replicas' links were cut: after the promotion, the kept locks are
-/// renewed on the new primary, the one it never got is reported lost (its
-/// holder told by its next renewal, and another can take it), and a waiter
-/// of a kept lock is woken there by its release.
+/// A run under the attribute through the sentinels, kept for 10 s at
+/// least (one per day), returning its fencing token.
+#[lock_runtime::distributed_lock(
+    key = "report:<day>",
+    client = client,
+    ttl = "30s",
+    hold_at_least = "10s",
+    fencing
+)]
+async fn report(client: &Client, day: u32) -> Result<u64, LockError> {
+    let _ = day;
+    Ok(lock_runtime::current()
+        .and_then(|held| held.fencing_token())
+        .expect("taken with fencing"))
+}
+
+/// The primary SIGKILLed while three worker processes run renewed,
+/// fenced sections of one lock under the attribute (holding, waiting,
+/// renewing), another process and this one hold renewed locks, and some
+/// were taken after the replicas' links were cut. Everyone logs in as a
+/// user with exactly the guide's minimal ACL rule (`LOCK_ACL`, `ROLE`
+/// included), the sentinels with a password. After the promotion:
+/// progress resumes (the gap from the kill to the first section is
+/// printed), no two sections overlapped, fencing tokens kept increasing,
+/// the kept locks (acknowledged ones too) are renewed on the new primary,
+/// the ones it never got are reported lost (by their holders' next
+/// renewal, within their validity) and can be taken by others, and a
+/// waiter of a kept lock is woken there by its release. An acknowledged
+/// acquisition after the cut was refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
-    let mut setup = RedisSentinel::start();
+async fn a_killed_primary_keeps_exclusion_across_processes_and_reports_the_lost_locks() {
+    let mut setup = secured(None, None);
+    let bookkeeping = RedisServer::start();
+    let url = locker_url(&setup);
     let primary = setup.primary().unwrap();
-    let (one, other) = (client(&setup), client(&setup));
+    let (one, other) = (client_of(&url), client_of(&url));
     // The failover (down after 1 s, the election, the promotion: a few
     // seconds, more on a loaded machine) must end while the locks are
     // valid.
     let ttl = Duration::from_secs(20);
     let kept = [hold(&one, "a", ttl).await, hold(&one, "b", ttl).await];
+    // Acknowledged by a replica: its renewals are refused from the cut to
+    // the promotion (retried while it is valid: 30 s).
+    let mut acked = worker_at(
+        &url,
+        &bookkeeping,
+        &["hold-renewed", "acked", "30000"],
+        true,
+    );
+    assert!(acked.line(LINE_TIMEOUT).starts_with("held "));
     let waiter = spawn_waiter(&other, "a", Duration::from_secs(90));
     wait_until_async("the waiter queues", LINE_TIMEOUT, || {
         test_support::command(primary, &["LLEN", "lock:{a}:queue"]).unwrap() == ":1\r\n"
     })
     .await;
+    let fenced = Lock::new("fenced").fencing().client(one.clone());
+    let replicated_token = token_of(&fenced).await;
     setup.wait_until_replicated().unwrap();
-    setup.cut_replication(primary).unwrap();
-    let lost = hold(&one, "lost", ttl).await;
 
+    // From here on, what the primary is told reaches no replica.
+    setup.cut_replication(primary).unwrap();
+    let unreplicated_token = token_of(&fenced).await;
+    let lost = hold(&one, "lost", ttl).await;
+    let mut lost_elsewhere = worker_at(
+        &url,
+        &bookkeeping,
+        &["hold-renewed", "lost-elsewhere", "10000"],
+        false,
+    );
+    assert!(lost_elsewhere.line(LINE_TIMEOUT).starts_with("held "));
+    // Acknowledged mode refuses what no replica confirmed.
+    let acknowledged = Client::new(
+        Config::new(url.as_str())
+            .response_timeout(Duration::from_secs(5))
+            .acknowledged(1, Duration::from_millis(300)),
+    )
+    .unwrap();
+    let refused = Lock::new("refused")
+        .client(acknowledged)
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::NotReplicated { .. })),
+        "{refused:?}"
+    );
+    // The processes' sections run on the primary alone (their lock's state
+    // is not on the replicas: a section's release lost in the failover
+    // would leave the lock held until its ttl).
+    let mut sections: Vec<Process> = (0..3)
+        .map(|_| {
+            worker_at(
+                &url,
+                &bookkeeping,
+                &["failover-sections", "shared", "2", "count"],
+                false,
+            )
+        })
+        .collect();
+    for worker in &mut sections {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+
+    let killed_us = server_time_us(&bookkeeping);
     let killed = Instant::now();
     setup.kill_node(primary);
-    // Progress: the first acquisition of a new lock through the sentinels.
-    let probe = Lock::new("probe")
-        .wait(Duration::from_secs(60))
-        .client(other.clone())
-        .acquire()
-        .await
-        .unwrap();
-    let gap = killed.elapsed();
-    println!("failover gap (SIGKILL of the primary -> first acquisition): {gap:?}");
-    probe.release().await.unwrap();
+    // Progress: the first section begun on the new primary. No replica
+    // is promoted before the sentinels have found the primary silent for
+    // `DOWN_AFTER_MS`: a section that begins sooner took the lock on the
+    // old primary, just before the kill (its body goes on meanwhile).
+    let promotable_us = killed_us + DOWN_AFTER_MS * 1000;
+    let mut starts = Vec::new();
+    wait_until_async(
+        "a section runs after the kill",
+        Duration::from_secs(60),
+        || {
+            starts = numbers(&bookkeeping, "count:starts");
+            starts.last().is_some_and(|last| *last > promotable_us)
+        },
+    )
+    .await;
+    let first = starts.iter().find(|start| **start > promotable_us).unwrap();
+    let gap = Duration::from_micros(first - killed_us);
+    println!("failover gap (SIGKILL of the primary -> first section in a worker process): {gap:?}");
+
+    // The lock the new primary never got, in another process: its holder
+    // is told by its next renewal there, within its validity (10 s from
+    // its last renewal, before the kill).
+    let told = lost_elsewhere.line(LINE_TIMEOUT);
+    let told_after = killed.elapsed();
+    println!("the other process was told its lock was lost {told_after:?} after the kill");
+    assert_eq!(told, "lost Deleted", "told by a renewal on the new primary");
+    assert!(told_after < Duration::from_secs(10), "{told_after:?}");
+
     let new = setup.wait_for_new_primary(primary, 0).unwrap();
     let failed_over = Instant::now();
     assert_eq!(
@@ -202,6 +404,14 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     assert!(
         get(new, "lock:{a}").is_some(),
         "the promoted replica had it"
+    );
+    // Fencing tokens: still increasing, from the counter the replica had
+    // and past the token it never got (tokens are seeded by the server's
+    // clock: one machine, one clock here).
+    let after_token = token_of(&fenced).await;
+    assert!(
+        replicated_token < unreplicated_token && unreplicated_token < after_token,
+        "{replicated_token} {unreplicated_token} {after_token}"
     );
 
     // The lost lock: another holder can take it, and its first holder is
@@ -235,16 +445,92 @@ async fn a_killed_primary_keeps_replicated_locks_and_reports_the_lost_one() {
     println!("waiter woken {:?} after the release", released.elapsed());
     b.release().await.unwrap();
     assert_eq!(one.renewal_stats().lost, 1);
+    // The acknowledged one survived (its renewals confirmed again by the
+    // new primary's replica).
+    acked.send("release");
+    assert_eq!(acked.line(LINE_TIMEOUT), "released");
+
+    // The sections: none overlapped another, their tokens kept increasing.
+    for worker in &mut sections {
+        worker.send("stop");
+    }
+    for worker in &mut sections {
+        let done = worker.line(LINE_TIMEOUT);
+        println!("sections: {done}");
+        assert!(done.starts_with("done ran="), "{done}");
+    }
+    assert_eq!(
+        redis(&bookkeeping, &["GET", "count:overlaps"]),
+        "$-1\r\n",
+        "two sections overlapped"
+    );
+    let fences = numbers(&bookkeeping, "count:fences");
+    assert!(
+        fences.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens went back: {fences:?}"
+    );
+    let after = numbers(&bookkeeping, "count:starts")
+        .into_iter()
+        .filter(|start| *start > promotable_us)
+        .count();
+    println!("{} sections, {after} on the new primary", fences.len());
 }
 
-/// `SENTINEL FAILOVER`: the old primary is demoted (it would go on taking
-/// writes for a moment): the client follows the switch, its lock is kept
-/// and renewed on the new primary, and new locks go there.
+/// `SENTINEL FAILOVER`, over TLS everywhere (`rediss-sentinel://`, the
+/// sentinels as a user of theirs, `sentinel_user` and `sentinel_password`,
+/// the data nodes as a user of the minimal rule): the old primary is demoted (it would go on taking writes for a
+/// moment): the client follows the switch, its lock is kept and renewed on
+/// the new primary, and new locks go there. No password is shown, nor in
+/// the error of a wrong one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_manual_failover_is_followed() {
-    let setup = RedisSentinel::start();
+async fn a_manual_failover_is_followed_over_tls_with_passwords() {
+    let ca = Ca::new("sentinel-ca");
+    let setup = secured(Some(TlsOptions::loopback(&ca)), Some("watcher"));
+    let url = locker_url(&setup);
+    assert!(url.starts_with("rediss-sentinel://"), "{url}");
+    assert!(url.contains("sentinel_user=watcher"), "{url}");
+    let tls_client = |url: &str| {
+        Client::new(
+            Config::new(url)
+                .tls_root_certificates(ca.certificate_pem())
+                .response_timeout(Duration::from_secs(2)),
+        )
+        .unwrap()
+    };
+    // A wrong password for the sentinels, then for the data nodes: refused
+    // at once (not retried until the call's deadline, 3 s), saying which
+    // login to check, naming neither password.
+    for (wrong, check) in [
+        (
+            url.replace("sentinel-secret", "WRONG-sentinel"),
+            "check the sentinels' user and password",
+        ),
+        (
+            url.replace("locker-secret", "WRONG-locker"),
+            "check the user and password of the data nodes",
+        ),
+    ] {
+        let started = Instant::now();
+        let error = Lock::new("job")
+            .client(tls_client(&wrong))
+            .try_acquire()
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        let shown = format!("{error} {error:?}");
+        assert!(
+            !shown.contains("WRONG") && !shown.contains("secret"),
+            "{shown}"
+        );
+        assert!(shown.contains(check), "{shown}");
+        assert!(took < Duration::from_secs(2), "took {took:?}: {shown}");
+        println!("a wrong password, refused after {took:?}: {error}");
+    }
+    let client = tls_client(&url);
+    let shown = format!("{client:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+
     let primary = setup.primary().unwrap();
-    let client = client(&setup);
     let held = hold(&client, "kept", Duration::from_secs(6)).await;
     setup.wait_until_replicated().unwrap();
     setup.failover().unwrap();
@@ -258,7 +544,12 @@ async fn a_manual_failover_is_followed() {
         .acquire()
         .await
         .unwrap();
-    assert!(get(new, "lock:{after}").is_some(), "on the new primary");
+    let on_new = setup
+        .node(new)
+        .unwrap()
+        .command(&["GET", "lock:{after}"])
+        .unwrap();
+    assert!(value(&on_new).is_some(), "on the new primary");
     after.release().await.unwrap();
     wait_until_async("the kept lock is renewed", LINE_TIMEOUT, || {
         assert!(held.is_held(), "lost: {:?}", held.lost_cause());

@@ -99,6 +99,14 @@
 //! - `sem-hold KEY PERMITS TTL_MS [WAIT_MS]`: takes one permit (manual API,
 //!   no renewal); then as `rw-hold`.
 //! - `sem-try KEY PERMITS`: one try of one permit; as `rw-try`.
+//!
+//! Failover modes (`worker/failover.rs`):
+//! - `failover-sections KEY TASKS COUNTER`: sections under a renewed,
+//!   fenced attribute, going on through failed calls until `stop`.
+//! - `hold-renewed KEY TTL_MS`: a renewed lock that says when it is lost.
+//!
+//! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
+//! is in acknowledged mode (N replicas).
 
 use std::time::Duration;
 
@@ -106,13 +114,21 @@ use lock_runtime::{distributed_lock, Lock, LockError, RwLock, Semaphore};
 use redis::AsyncCommands;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+#[path = "worker/failover.rs"]
+mod failover;
+
 type Redis = redis::aio::MultiplexedConnection;
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    failover::init_acknowledged();
     match args.as_slice() {
+        ["failover-sections", key, tasks, counter] => {
+            failover::failover_sections(key, parse(tasks), counter).await
+        }
+        ["hold-renewed", key, ttl_ms] => failover::hold_renewed(key, parse(ttl_ms)).await,
         ["count", key, tasks, sections, counter, rest @ ..] => {
             count(
                 key,

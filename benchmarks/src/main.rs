@@ -8,6 +8,7 @@
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
 //! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
+//! cargo run --release -p lock-bench -- sentinel [--pairs 20000] [--rounds 20]
 //! ```
 //!
 //! `redlock-degraded` runs copies of this binary as its contenders, in the
@@ -21,6 +22,7 @@ mod process_usage;
 mod redlock;
 mod redlock_degraded;
 mod renewal;
+mod sentinel;
 mod target;
 
 use std::process::ExitCode;
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         Some("redlock") => redlock::main(&args[1..]),
         Some("redlock-degraded") => redlock_degraded::main(&args[1..]),
         Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
+        Some("sentinel") => sentinel::main(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
@@ -42,7 +45,8 @@ fn main() -> ExitCode {
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
                  lock-bench redlock [--pairs 2000] [--sections 500]\n       \
-                 lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]"
+                 lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
+                 lock-bench sentinel [--pairs 20000] [--rounds 20]"
             );
             ExitCode::FAILURE
         }

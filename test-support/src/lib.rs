@@ -18,7 +18,7 @@ pub mod tls;
 pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
-pub use sentinel::RedisSentinel;
+pub use sentinel::{RedisSentinel, SentinelOptions};
 pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
 use std::io::{self, Read, Write};
@@ -74,14 +74,25 @@ pub const LOCK_ACL: &[&str] = &[
     "+cluster|slots",
     "+wait",
     "+asking",
+    "+role",
 ];
 
 /// A running private redis-server.
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// How this crate's connections log in (`AUTH [user] password`), if
+    /// the server wants it.
+    login: Option<Login>,
     /// A TLS-only server: its files, and this crate's connections to it.
     tls: Option<TlsServer>,
+}
+
+/// A user (`None`: `default`) and password to log in with.
+#[derive(Clone)]
+pub(crate) struct Login {
+    pub(crate) user: Option<String>,
+    pub(crate) password: String,
 }
 
 struct TlsServer {
@@ -247,20 +258,46 @@ impl RedisServer {
                 ),
             )
         })?;
-        let mut server = RedisServer { child, port, tls };
+        let mut server = RedisServer {
+            child,
+            port,
+            login: None,
+            tls,
+        };
         server.wait_until_ready()?;
         Ok(server)
     }
 
     /// A sentinel (`redis-server <config> --sentinel`) on `port`, with its
     /// configuration file at `config` (which Sentinel rewrites: an absolute
-    /// path in a directory of its own). The file sets the port.
-    fn launch_sentinel(port: u16, config: &std::path::Path) -> io::Result<RedisServer> {
+    /// path in a directory of its own). The file sets the port, and the
+    /// login that `login` repeats (`None`: none). With `tls`, it
+    /// serves TLS only on `port` and reaches the data nodes and the other
+    /// sentinels over TLS (`tls-replication yes`), its files in `tls_dir`.
+    fn launch_sentinel(
+        port: u16,
+        config: &std::path::Path,
+        login: Option<Login>,
+        tls: Option<(&TlsOptions, PathBuf)>,
+    ) -> io::Result<RedisServer> {
         let binary = binary();
         let mut command = Command::new(&binary);
+        command.arg(config).arg("--sentinel");
+        let tls = match tls {
+            Some((options, dir)) => {
+                let args = options.write_files(&dir)?;
+                command
+                    .args(["--port", "0", "--tls-port", &port.to_string()])
+                    .args(["--tls-replication", "yes"])
+                    .args(args);
+                Some(TlsServer {
+                    dir,
+                    connector: options.connector()?,
+                })
+            }
+            None => None,
+        };
         command
-            .arg(config)
-            .arg("--sentinel")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
@@ -284,7 +321,8 @@ impl RedisServer {
         let mut server = RedisServer {
             child,
             port,
-            tls: None,
+            login,
+            tls,
         };
         server.wait_until_ready()?;
         Ok(server)
@@ -328,15 +366,38 @@ impl RedisServer {
     /// and checks, independent of the library under test.
     /// Over TLS for a TLS server (trusting its CA, showing a client
     /// certificate of its client CA).
+    /// A server started with a login (a sentinel with a password) is sent
+    /// `AUTH` first.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        match &self.tls {
-            Some(tls) => {
-                let mut stream = tls.connector.connect(self.port)?;
-                stream.write_all(&request(args))?;
+        let login = self.login.as_ref();
+        fn exchange(
+            stream: &mut (impl Read + Write),
+            login: Option<&Login>,
+            args: &[&str],
+        ) -> io::Result<String> {
+            if let Some(login) = login {
+                let auth = match &login.user {
+                    Some(user) => request(&["AUTH", user, &login.password]),
+                    None => request(&["AUTH", &login.password]),
+                };
+                stream.write_all(&auth)?;
                 stream.flush()?;
-                read_reply(&mut stream)
+                let reply = read_reply(stream)?;
+                if !reply.starts_with("+OK") {
+                    return Err(io::Error::other(format!("AUTH: {}", reply.trim_end())));
+                }
             }
-            None => command(self.port, args),
+            stream.write_all(&request(args))?;
+            stream.flush()?;
+            read_reply(stream)
+        }
+        match &self.tls {
+            Some(tls) => exchange(&mut tls.connector.connect(self.port)?, login, args),
+            None => {
+                let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+                stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+                exchange(&mut stream, login, args)
+            }
         }
     }
 

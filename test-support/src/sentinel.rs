@@ -12,12 +12,16 @@
 //! the primary and closes their links, so that writes from then on reach
 //! the primary alone (the replica promoted after it dies lacks them), while
 //! the sentinels and the clients (user `default`) go on as before.
+//!
+//! [`SentinelOptions`] adds a password to the sentinels (`requirepass`,
+//! which they also use with each other) and users of the caller's to every
+//! data node (ACL rules are not replicated: each node gets them at start).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, RedisServer};
+use crate::{free_port, Login, RedisServer, TlsOptions};
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "mymaster";
@@ -37,6 +41,26 @@ const REPLICATION_PASSWORD: &str = "repl-secret";
 /// How long the setup may take to form, or to settle after a failover.
 const SETTLE: Duration = Duration::from_secs(30);
 
+/// How to start a [`RedisSentinel`] beyond the defaults.
+#[derive(Clone, Default)]
+pub struct SentinelOptions {
+    /// The sentinels' password (`None`: none): `requirepass`, or with
+    /// [`sentinel_user`](Self::sentinel_user) that user's.
+    pub sentinel_password: Option<String>,
+    /// A user of the sentinels' own (their ACL: `default` turned off, this
+    /// user allowed everything), which they also use with each other
+    /// (`sentinel sentinel-user`); needs a password.
+    pub sentinel_user: Option<String>,
+    /// Users made on every data node at start: each an ACL rule as
+    /// `ACL SETUSER` takes it, the user's name first (`["locker", "on",
+    /// ">secret", "~lock:*", ...]`).
+    pub node_users: Vec<Vec<String>>,
+    /// TLS only, everywhere: the data nodes and the sentinels serve TLS
+    /// (this crate's certificates), replicate and reach each other over it
+    /// (`tls-replication yes`).
+    pub tls: Option<TlsOptions>,
+}
+
 /// A running private Sentinel setup.
 pub struct RedisSentinel {
     /// The data nodes (the first started as the primary); `None` once
@@ -46,6 +70,7 @@ pub struct RedisSentinel {
     /// The sentinels; `None` once killed.
     sentinels: Vec<Option<RedisServer>>,
     sentinel_ports: Vec<u16>,
+    options: SentinelOptions,
     dir: PathBuf,
 }
 
@@ -60,6 +85,21 @@ impl RedisSentinel {
     /// `replicas` replicas and `sentinels` sentinels (a quorum of 2, so at
     /// least 2), returning an error instead of panicking.
     pub fn try_start(replicas: usize, sentinels: usize) -> io::Result<RedisSentinel> {
+        Self::try_start_with(replicas, sentinels, SentinelOptions::default())
+    }
+
+    /// A primary, two replicas and three sentinels set up by `options`.
+    /// Panics with instructions when it cannot start.
+    pub fn start_with(options: SentinelOptions) -> RedisSentinel {
+        Self::try_start_with(2, 3, options).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`try_start`](Self::try_start) set up by `options`.
+    pub fn try_start_with(
+        replicas: usize,
+        sentinels: usize,
+        options: SentinelOptions,
+    ) -> io::Result<RedisSentinel> {
         let dir = std::env::temp_dir().join(format!(
             "lock-test-sentinel-{}-{}",
             std::process::id(),
@@ -71,6 +111,7 @@ impl RedisSentinel {
             node_ports: Vec::new(),
             sentinels: Vec::new(),
             sentinel_ports: Vec::new(),
+            options,
             dir,
         };
         let primary = setup.start_node(None)?;
@@ -114,13 +155,24 @@ impl RedisSentinel {
         ]
         .map(str::to_owned)
         .to_vec();
+        for user in &self.options.node_users {
+            extra.push("--user".to_owned());
+            extra.extend(user.iter().cloned());
+        }
         if let Some(primary) = replica_of {
             extra.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned()]);
             extra.push(primary.to_string());
         }
+        if self.options.tls.is_some() {
+            extra.extend(["--tls-replication", "yes"].map(str::to_owned));
+        }
         let mut last_error = None;
         for _ in 0..5 {
-            match RedisServer::launch(free_port()?, None, &extra) {
+            let started = match &self.options.tls {
+                Some(tls) => RedisServer::start_tls_with(free_port()?, tls, &extra),
+                None => RedisServer::launch(free_port()?, None, &extra),
+            };
+            match started {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -134,8 +186,21 @@ impl RedisSentinel {
         for _ in 0..5 {
             let port = free_port()?;
             let config = self.dir.join(format!("sentinel-{index}.conf"));
-            write_sentinel_config(&config, port, &self.dir, primary)?;
-            match RedisServer::launch_sentinel(port, &config) {
+            let login = self
+                .options
+                .sentinel_password
+                .clone()
+                .map(|password| Login {
+                    user: self.options.sentinel_user.clone(),
+                    password,
+                });
+            write_sentinel_config(&config, port, &self.dir, primary, login.as_ref())?;
+            let tls = self
+                .options
+                .tls
+                .as_ref()
+                .map(|tls| (tls, self.dir.join(format!("sentinel-{index}-tls"))));
+            match RedisServer::launch_sentinel(port, &config, login, tls) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -159,16 +224,30 @@ impl RedisSentinel {
         &self.node_ports
     }
 
-    /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`, with
-    /// `credentials` (`user:password@`, or empty) for the data nodes.
+    /// `redis-sentinel://127.0.0.1:P1,127.0.0.1:P2,.../mymaster`
+    /// (`rediss-sentinel://` with TLS), with `credentials`
+    /// (`user:password@`, or empty) for the data nodes, and
+    /// `?sentinel_password=...` (and `sentinel_user=...`) when the
+    /// sentinels have one.
     pub fn url(&self, credentials: &str) -> String {
         let hosts: Vec<String> = self
             .sentinel_ports
             .iter()
             .map(|port| format!("127.0.0.1:{port}"))
             .collect();
+        let query = match (&self.options.sentinel_user, &self.options.sentinel_password) {
+            (Some(user), Some(password)) => {
+                format!("?sentinel_user={user}&sentinel_password={password}")
+            }
+            (None, Some(password)) => format!("?sentinel_password={password}"),
+            _ => String::new(),
+        };
+        let scheme = match self.options.tls {
+            Some(_) => "rediss-sentinel",
+            None => "redis-sentinel",
+        };
         format!(
-            "redis-sentinel://{credentials}{}/{MASTER_NAME}",
+            "{scheme}://{credentials}{}/{MASTER_NAME}{query}",
             hosts.join(",")
         )
     }
@@ -396,8 +475,14 @@ impl Drop for RedisSentinel {
 
 /// A sentinel's configuration: its port, its directory, the primary to
 /// watch and how quickly to fail it over.
-fn write_sentinel_config(path: &Path, port: u16, dir: &Path, primary: u16) -> io::Result<()> {
-    let config = format!(
+fn write_sentinel_config(
+    path: &Path,
+    port: u16,
+    dir: &Path,
+    primary: u16,
+    login: Option<&Login>,
+) -> io::Result<()> {
+    let mut config = format!(
         "port {port}\n\
          bind 127.0.0.1\n\
          daemonize no\n\
@@ -409,6 +494,22 @@ fn write_sentinel_config(path: &Path, port: u16, dir: &Path, primary: u16) -> io
          sentinel parallel-syncs {MASTER_NAME} 2\n",
         dir = dir.display()
     );
+    match login {
+        Some(Login {
+            user: Some(user),
+            password,
+        }) => config.push_str(&format!(
+            "user default off\n\
+             user {user} on >{password} ~* &* +@all\n\
+             sentinel sentinel-user {user}\n\
+             sentinel sentinel-pass {password}\n"
+        )),
+        Some(Login {
+            user: None,
+            password,
+        }) => config.push_str(&format!("requirepass \"{password}\"\n")),
+        None => {}
+    }
     std::fs::write(path, config)
 }
 

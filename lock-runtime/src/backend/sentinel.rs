@@ -280,7 +280,10 @@ impl Sentinels {
                         Some(epoch) => return Ok((epoch, self.client_for(host, *port)?)),
                         None => continue,
                     },
-                    Err(why) => doubts.push(format!("{host}:{port}, the primary so far, {why}")),
+                    Err(refusal) => doubts.push(format!(
+                        "{host}:{port}, the primary so far, {}",
+                        refusal.why
+                    )),
                 }
             }
             let (host, port) = self.ask(doubts).await?;
@@ -292,6 +295,7 @@ impl Sentinels {
         Err(NoPrimary {
             master: self.master.clone(),
             reports: vec!["the primary kept changing while it was looked up".to_owned()],
+            login_refused: false,
         }
         .into())
     }
@@ -325,7 +329,7 @@ impl Sentinels {
 
     /// Whether the data node at `host:port` is a primary (`ROLE`); if not,
     /// why, in words.
-    async fn check(&self, host: &str, port: u16) -> Result<(), String> {
+    async fn check(&self, host: &str, port: u16) -> Result<(), Refusal> {
         let check = async {
             let client = self.client_for(host, port)?;
             let mut connection = client
@@ -335,20 +339,25 @@ impl Sentinels {
                 .query_async::<redis::Role>(&mut connection)
                 .await
         };
-        match within(self.deadline, check).await {
-            Ok(redis::Role::Primary { .. }) => Ok(()),
-            Ok(redis::Role::Replica { .. }) => Err("is a replica".to_owned()),
-            Ok(redis::Role::Sentinel { .. }) => Err("is a sentinel, not a data node".to_owned()),
-            Ok(_) => Err("answered `ROLE` with an unknown role".to_owned()),
+        let why = match within(self.deadline, check).await {
+            Ok(redis::Role::Primary { .. }) => return Ok(()),
+            Ok(redis::Role::Replica { .. }) => "is a replica".to_owned(),
+            Ok(redis::Role::Sentinel { .. }) => "is a sentinel, not a data node".to_owned(),
+            Ok(_) => "answered `ROLE` with an unknown role".to_owned(),
             Err(error)
                 if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
             {
-                Err(format!(
-                    "refused `ROLE` to the Redis user ({error}): add `+role` to its ACL rule"
-                ))
+                format!("refused `ROLE` to the Redis user ({error}): add `+role` to its ACL rule")
             }
-            Err(error) => Err(format!("cannot be checked ({error})")),
-        }
+            Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed => {
+                return Err(Refusal::login(format!(
+                    "refused the login ({error}): check the user and password of the data \
+                     nodes (the URL's, or `primary_credentials`)"
+                )))
+            }
+            Err(error) => format!("cannot be checked ({error})"),
+        };
+        Err(Refusal::other(why))
     }
 
     /// Asks every sentinel at once; checks, in the order of their
@@ -364,6 +373,9 @@ impl Sentinels {
         let majority = self.nodes.len() / 2 + 1;
         let mut named: Vec<(&Node, Named)> = Vec::new();
         let mut reports: Vec<String> = Vec::new();
+        // Refusals of the login: when everyone refused it, the error says
+        // so and is not retried.
+        let mut logins_refused = 0;
         // Once a majority answered, the others are given a moment more.
         let mut until: Option<tokio::time::Instant> = None;
         loop {
@@ -382,8 +394,9 @@ impl Sentinels {
                         until = Some(tokio::time::Instant::now() + GRACE);
                     }
                 }
-                Some((node, Err(why))) => {
-                    reports.push(format!("sentinel {} {why}", node.address));
+                Some((node, Err(refusal))) => {
+                    logins_refused += usize::from(refusal.login);
+                    reports.push(format!("sentinel {} {}", node.address, refusal.why));
                 }
             }
         }
@@ -406,6 +419,7 @@ impl Sentinels {
         named.sort_by_key(|(_, answer)| std::cmp::Reverse(answer.config_epoch));
         let mut tried: Vec<(String, u16)> = Vec::new();
         let mut checks: Vec<String> = Vec::new();
+        let mut primaries_refused = 0;
         for (_, answer) in &named {
             let address = (answer.host.clone(), answer.port);
             if tried.contains(&address) {
@@ -414,33 +428,43 @@ impl Sentinels {
             tried.push(address);
             match self.check(&answer.host, answer.port).await {
                 Ok(()) => return Ok((answer.host.clone(), answer.port)),
-                Err(why) => checks.push(format!(
-                    "{}:{}, named by {} (config epoch {}), {why}",
-                    answer.host,
-                    answer.port,
-                    named
+                Err(refusal) => {
+                    primaries_refused += usize::from(refusal.login);
+                    let namers: Vec<String> = named
                         .iter()
                         .filter(|(_, other)| other.host == answer.host && other.port == answer.port)
                         .map(|(node, _)| format!("sentinel {}", node.address))
-                        .collect::<Vec<_>>()
-                        .join(" and "),
-                    answer.config_epoch
-                )),
+                        .collect();
+                    checks.push(format!(
+                        "{}:{}, named by {} (config epoch {}), {}",
+                        answer.host,
+                        answer.port,
+                        namers.join(" and "),
+                        answer.config_epoch,
+                        refusal.why
+                    ));
+                }
             }
         }
+        let login_refused = if named.is_empty() {
+            logins_refused == self.nodes.len()
+        } else {
+            primaries_refused == tried.len()
+        };
         let mut all = doubts;
         all.extend(checks);
         all.extend(reports);
         Err(NoPrimary {
             master: self.master.clone(),
             reports: all,
+            login_refused,
         }
         .into())
     }
 
     /// One sentinel's answer: `SENTINEL MASTER <name>`, on its kept
     /// connection (opened if need be), within the deadline.
-    async fn ask_one(&self, node: &Node) -> Result<Named, String> {
+    async fn ask_one(&self, node: &Node) -> Result<Named, Refusal> {
         let ask = async {
             let kept = node
                 .connection
@@ -486,12 +510,24 @@ impl Sentinels {
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .take();
-                return Err(format!("did not answer within {:?}", self.deadline));
+                return Err(Refusal::other(format!(
+                    "did not answer within {:?}",
+                    self.deadline
+                )));
             }
             Err(error) if error.to_string().contains("No such master") => {
-                return Err(format!("does not monitor a master named `{}`", self.master))
+                return Err(Refusal::other(format!(
+                    "does not monitor a master named `{}`",
+                    self.master
+                )))
             }
-            Err(error) => return Err(format!("could not be asked ({error})")),
+            Err(error) if error.kind() == redis::ErrorKind::AuthenticationFailed => {
+                return Err(Refusal::login(format!(
+                    "refused the login ({error}): check the sentinels' user and password \
+                     (`sentinel_user`, `sentinel_password`, or the sentinel's own URL)"
+                )))
+            }
+            Err(error) => return Err(Refusal::other(format!("could not be asked ({error})"))),
         };
         let host = fields.get("ip").cloned();
         let port = fields.get("port").and_then(|port| port.parse::<u16>().ok());
@@ -504,11 +540,11 @@ impl Sentinels {
                     .and_then(|epoch| epoch.parse().ok())
                     .unwrap_or(0),
             }),
-            _ => Err(format!(
+            _ => Err(Refusal::other(format!(
                 "gave no address for `{}` (flags {})",
                 self.master,
                 fields.get("flags").map_or("unknown", String::as_str)
-            )),
+            ))),
         }
     }
 
@@ -597,11 +633,31 @@ async fn watch_switches(sentinels: Weak<Sentinels>, index: usize) {
     }
 }
 
+/// Why a sentinel gave no primary, or a node named was not taken.
+struct Refusal {
+    why: String,
+    /// It refused the login (wrong user or password).
+    login: bool,
+}
+
+impl Refusal {
+    fn login(why: String) -> Refusal {
+        Refusal { why, login: true }
+    }
+
+    fn other(why: String) -> Refusal {
+        Refusal { why, login: false }
+    }
+}
+
 /// No sentinel named a primary that answers as one: what each said.
 #[derive(Debug)]
 pub(crate) struct NoPrimary {
     master: String,
     reports: Vec<String>,
+    /// Every sentinel refused the login, or every primary named did: a
+    /// configuration mistake, not retried.
+    login_refused: bool,
 }
 
 impl fmt::Display for NoPrimary {
@@ -619,8 +675,16 @@ impl Error for NoPrimary {}
 
 impl From<NoPrimary> for RedisError {
     /// An I/O error (retried within the call's deadline, as a primary
-    /// that cannot be reached is) that keeps the reports.
+    /// that cannot be reached is) that keeps the reports; an
+    /// authentication failure (not retried) when every login was refused.
     fn from(error: NoPrimary) -> RedisError {
+        if error.login_refused {
+            return RedisError::from((
+                redis::ErrorKind::AuthenticationFailed,
+                "Redis Sentinel: the login was refused",
+                error.to_string(),
+            ));
+        }
         std::io::Error::new(std::io::ErrorKind::NotConnected, error).into()
     }
 }
@@ -771,6 +835,7 @@ mod tests {
                 "sentinel 10.0.0.1:26379 could not be asked (refused)".to_owned(),
                 "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
             ],
+            login_refused: false,
         }
         .into();
         assert!(is_no_primary(&error));
@@ -782,5 +847,18 @@ mod tests {
         assert!(super::super::retryable(&error));
         let other: RedisError = std::io::Error::other("boom").into();
         assert!(!is_no_primary(&other));
+    }
+
+    #[test]
+    fn a_refused_login_everywhere_is_not_retried() {
+        let error: RedisError = NoPrimary {
+            master: "mymaster".to_owned(),
+            reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
+            login_refused: true,
+        }
+        .into();
+        assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
+        assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
+        assert!(!super::super::retryable(&error));
     }
 }

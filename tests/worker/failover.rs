@@ -1,0 +1,126 @@
+//! The worker modes of the failover tests (`tests/sentinel.rs`): sections
+//! that go on through errors (a failover makes some calls fail) and a
+//! renewed holder that says when it loses its lock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, Lock, LockError};
+use redis::AsyncCommands;
+
+use crate::{bookkeeping, next_line, say, Redis};
+
+/// One section under the attribute (renewed, fenced): INCRs
+/// `COUNTER:inside` on the bookkeeping server and counts an overlap in
+/// `COUNTER:overlaps` when another holder is inside; appends the
+/// bookkeeping server's clock (µs) to `COUNTER:starts` and the fencing
+/// token to `COUNTER:fences`; stays 5 ms; DECRs.
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "60s", renew, fencing)]
+async fn failover_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    let inside: i64 = redis.incr(format!("{counter}:inside"), 1).await.unwrap();
+    if inside != 1 {
+        let _: i64 = redis.incr(format!("{counter}:overlaps"), 1).await.unwrap();
+    }
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    let fence = lock_runtime::current()
+        .and_then(|held| held.fencing_token())
+        .expect("taken with fencing");
+    let _: i64 = redis
+        .rpush(format!("{counter}:starts"), seconds * 1_000_000 + micros)
+        .await
+        .unwrap();
+    let _: i64 = redis
+        .rpush(format!("{counter}:fences"), fence)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let _: i64 = redis.decr(format!("{counter}:inside"), 1).await.unwrap();
+    Ok(())
+}
+
+/// `failover-sections KEY TASKS COUNTER`: TASKS tasks run
+/// [`failover_section`] again and again until `stop` arrives on stdin; a
+/// call that fails (the primary is gone, the lock was lost) is counted and
+/// tried again 20 ms later. Prints `ready` once this process ran a
+/// section, then `done ran=N errors=E|FIRST` (FIRST: the first error).
+pub async fn failover_sections(key: &str, tasks: usize, counter: &str) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ran_tx, mut ran_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (key, counter, stop) = (key.to_owned(), counter.to_owned(), Arc::clone(&stop));
+        let ran_tx = ran_tx.clone();
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            let (mut ran, mut errors) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match failover_section(&key, &mut redis, &counter).await {
+                    Ok(()) => {
+                        ran += 1;
+                        let _ = ran_tx.send(());
+                    }
+                    Err(error) => {
+                        errors.push(error.to_string());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ran, errors)
+        }));
+    }
+    drop(ran_tx);
+    ran_rx.recv().await.expect("a section ran");
+    say("ready");
+    assert_eq!(next_line().await, "stop");
+    stop.store(true, Ordering::Relaxed);
+    let (mut ran, mut errors) = (0, Vec::new());
+    for handle in handles {
+        let (task_ran, task_errors) = handle.await.unwrap();
+        ran += task_ran;
+        errors.extend(task_errors);
+    }
+    let first = errors.first().cloned().unwrap_or_default();
+    say(&format!("done ran={ran} errors={}|{first}", errors.len()));
+}
+
+/// `hold-renewed KEY TTL_MS`: takes the lock (renewed, ttl TTL_MS), prints
+/// `held TOKEN`; then prints `lost CAUSE` as soon as it is lost, or, on
+/// `release` from stdin, releases and prints `released` (or `lost CAUSE`,
+/// `error: MESSAGE`).
+pub async fn hold_renewed(key: &str, ttl_ms: u64) {
+    let guard = Lock::new(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .renew()
+        .acquire()
+        .await
+        .expect("hold-renewed: acquire");
+    say(&format!("held {}", guard.token()));
+    tokio::select! {
+        cause = guard.lost() => say(&format!("lost {cause:?}")),
+        line = next_line() => {
+            assert_eq!(line, "release");
+            match guard.release().await {
+                Ok(()) => say("released"),
+                Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+                Err(error) => say(&format!("error: {error}")),
+            }
+        }
+    }
+}
+
+/// With `LOCK_ACKNOWLEDGED=N` set, the process-wide client is made from
+/// `REDIS_URL` in acknowledged mode: N replicas within 1 s (a 5 s
+/// response timeout).
+pub fn init_acknowledged() {
+    let Ok(replicas) = std::env::var("LOCK_ACKNOWLEDGED") else {
+        return;
+    };
+    let url = std::env::var("REDIS_URL").expect("REDIS_URL is set by the test");
+    lock_runtime::init_with(
+        lock_runtime::Config::new(url)
+            .response_timeout(Duration::from_secs(5))
+            .acknowledged(replicas.parse().unwrap(), Duration::from_secs(1)),
+    )
+    .expect("an acknowledged client");
+}
