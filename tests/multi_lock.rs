@@ -1,0 +1,359 @@
+//! Several keys at once (`Lock::all`, `key = [..]`) on one Redis server: all
+//! or nothing, waiting woken by any release, renewal and loss of the whole
+//! set, fencing, reentrancy both ways, cancellation at every await.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use lock_runtime::{Client, Config, ConfigError, Lock, LockError, LostCause};
+
+fn client(server: &RedisServer) -> Client {
+    Client::new(Config::new(server.url())).unwrap()
+}
+
+fn get(server: &RedisServer, key: &str) -> Option<String> {
+    value(&redis(server, &["GET", key]))
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis(server, &["EXISTS", key]) == ":1\r\n"
+}
+
+#[tokio::test]
+async fn a_set_is_taken_whole_or_not_at_all() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    // Given in any order, with a duplicate: one lock per name, sorted.
+    let set = Lock::all(["b", "a", "b"])
+        .ttl(Duration::from_secs(10))
+        .client(client.clone());
+    assert_eq!(set.names(), ["a", "b"]);
+    let guard = set.try_acquire().await.unwrap();
+    let tokens: Vec<_> = guard.locks().map(|lock| lock.token().to_owned()).collect();
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(
+        get(&server, "lock:{a}").as_deref(),
+        Some(tokens[0].as_str())
+    );
+    assert_eq!(
+        get(&server, "lock:{b}").as_deref(),
+        Some(tokens[1].as_str())
+    );
+    // Each key is an ordinary lock: a single lock of it is busy.
+    let single = Lock::new("b").client(client.clone());
+    assert!(single.try_acquire().await.unwrap_err().is_busy());
+    guard.release().await.unwrap();
+    assert!(!exists(&server, "lock:{a}") && !exists(&server, "lock:{b}"));
+
+    // One key held: the set takes none, and says which is busy.
+    let b = single.try_acquire().await.unwrap();
+    let busy = set.try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&busy, LockError::Busy { name } if name == "b"),
+        "{busy:?}"
+    );
+    assert!(!exists(&server, "lock:{a}"), "a was taken without b");
+    b.release().await.unwrap();
+
+    // `from == to`: one lock, not a self-deadlock.
+    let same = Lock::all(["account:7", "account:7"])
+        .wait(Duration::from_secs(1))
+        .client(client.clone());
+    let guard = tokio::time::timeout(Duration::from_secs(5), same.acquire())
+        .await
+        .expect("a set naming one key twice must not wait for itself")
+        .unwrap();
+    assert_eq!(guard.locks().count(), 1);
+    guard.release().await.unwrap();
+
+    // An empty set is a configuration error.
+    let empty = Lock::all(Vec::<String>::new()).client(client);
+    assert!(matches!(
+        empty.try_acquire().await.unwrap_err(),
+        LockError::Config(ConfigError::InvalidName { .. })
+    ));
+}
+
+#[tokio::test]
+async fn one_script_call_takes_the_set() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let set = Lock::all(["x", "y", "z"]).client(client);
+    // Warm: the script is loaded.
+    set.try_acquire().await.unwrap().release().await.unwrap();
+    let (evalsha, set_calls) = (
+        command_calls(&server, "evalsha"),
+        command_calls(&server, "set"),
+    );
+    let guard = set.try_acquire().await.unwrap();
+    assert_eq!(command_calls(&server, "evalsha") - evalsha, 1);
+    // Three keys set, by the one script.
+    assert_eq!(command_calls(&server, "set") - set_calls, 3);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_of_any_of_its_keys() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let ttl = Duration::from_secs(30);
+    let x = Lock::new("x").ttl(ttl).client(client.clone());
+    let y = Lock::new("y").ttl(ttl).client(client.clone());
+    let (held_x, held_y) = (
+        x.try_acquire().await.unwrap(),
+        y.try_acquire().await.unwrap(),
+    );
+    let set = Lock::all(["y", "x"])
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .client(client.clone());
+    let waiter = tokio::spawn(async move {
+        let guard = set.acquire().await?;
+        let names: Vec<String> = guard.locks().map(|lock| lock.name().to_owned()).collect();
+        guard.release().await?;
+        Ok::<_, LockError>(names)
+    });
+    // It stands in both queues, and both holders' wake marks name it.
+    wait_until_async(
+        "the set waiter is queued behind x and y",
+        LINE_TIMEOUT,
+        || {
+            ["lock:{x}", "lock:{y}"].iter().all(|key| {
+                get(&server, key).is_some_and(|value| value.ends_with('*') && value.contains('|'))
+            })
+        },
+    )
+    .await;
+    let published = command_calls(&server, "publish");
+    held_x.release().await.unwrap();
+    // Woken by x's release (one message), it finds y still held and waits on.
+    assert_eq!(command_calls(&server, "publish") - published, 1);
+    assert!(!waiter.is_finished());
+    held_y.release().await.unwrap();
+    assert_eq!(command_calls(&server, "publish") - published, 2);
+    let names = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(names, ["x", "y"]);
+    // Nothing left: no lock, no queue.
+    wait_until_async("no key is left", LINE_TIMEOUT, || {
+        value(&redis(&server, &["DBSIZE"])).as_deref() == Some("0")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn renewal_renews_the_set_together_and_a_lost_key_stops_the_body() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let set = Lock::all(["r1", "r2", "r3"])
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone());
+    let before = client.renewal_stats();
+    let output = set
+        .run(async {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            7
+        })
+        .await
+        .unwrap();
+    assert_eq!(output, 7);
+    let after = client.renewal_stats();
+    let (sent, trips) = (
+        after.renewals_sent - before.renewals_sent,
+        after.round_trips - before.round_trips,
+    );
+    // Every round trip renewed the three keys together.
+    assert!(trips >= 3, "{trips} round trips");
+    assert_eq!(sent, 3 * trips, "{sent} renewals in {trips} round trips");
+
+    // A key of the set deleted: the body is stopped, and the error names it.
+    let server_ref = &server;
+    let result = set
+        .run(async {
+            redis(server_ref, &["DEL", "lock:{r2}"]);
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        })
+        .await;
+    match result {
+        Err(LockError::Lost { name, cause }) => {
+            assert_eq!(name, "r2");
+            assert_eq!(cause, LostCause::Deleted);
+        }
+        other => panic!("{other:?}"),
+    }
+    wait_until_async("the rest of the set is released", LINE_TIMEOUT, || {
+        !exists(&server, "lock:{r1}") && !exists(&server, "lock:{r3}")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_fencing_token_for_the_set_larger_than_every_earlier_one() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let fenced = |name: &str| Lock::new(name).fencing().client(client.clone());
+    // Tokens of x pushed far ahead of y's.
+    redis(
+        &server,
+        &["SET", "lock:{fx}:fence", "9000000000000000", "PX", "60000"],
+    );
+    let y_token = {
+        let guard = fenced("fy").try_acquire().await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        guard.release().await.unwrap();
+        token
+    };
+    let guard = Lock::all(["fx", "fy"])
+        .fencing()
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let token = guard.fencing_token().unwrap();
+    assert!(token > 9_000_000_000_000_000 && token > y_token, "{token}");
+    // Every lock of the set carries it.
+    assert!(guard
+        .locks()
+        .all(|lock| lock.fencing_token() == Some(token)));
+    guard.release().await.unwrap();
+    // And every later token of each key is larger.
+    for name in ["fx", "fy"] {
+        let guard = fenced(name).try_acquire().await.unwrap();
+        assert!(guard.fencing_token().unwrap() > token, "{name}");
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn reentrancy_both_ways_never_deadlocks() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let wait = Duration::from_secs(2);
+    let one = Lock::new("account:1").wait(wait).client(client.clone());
+    let pair = Lock::all(["account:1", "account:2"])
+        .wait(wait)
+        .client(client.clone());
+
+    // Holding account:1, a body locks [account:1, account:2]: account:1 is
+    // shared (reentrant), account:2 taken.
+    let inner = tokio::time::timeout(
+        Duration::from_secs(10),
+        one.run(async {
+            let guard = pair.acquire().await.unwrap();
+            let names: Vec<String> = guard.locks().map(|lock| lock.name().to_owned()).collect();
+            assert!(exists(&server, "lock:{account:2}"));
+            guard.release().await.unwrap();
+            // account:1 is still held by the outer body.
+            assert!(exists(&server, "lock:{account:1}"));
+            names
+        }),
+    )
+    .await
+    .expect("no self-deadlock")
+    .unwrap();
+    assert_eq!(inner, ["account:1", "account:2"]);
+    assert!(!exists(&server, "lock:{account:1}"));
+
+    // The reverse: a body under the set locks account:1 alone.
+    let reentered = tokio::time::timeout(
+        Duration::from_secs(10),
+        pair.run(async {
+            let guard = one.acquire().await.unwrap();
+            let reentrant = guard.is_reentrant();
+            guard.release().await.unwrap();
+            // And the whole set again, inside itself.
+            let again = pair.acquire().await.unwrap();
+            let all = again.is_reentrant();
+            again.release().await.unwrap();
+            (reentrant, all)
+        }),
+    )
+    .await
+    .expect("no self-deadlock")
+    .unwrap();
+    assert_eq!(reentered, (true, true));
+    assert!(!exists(&server, "lock:{account:1}") && !exists(&server, "lock:{account:2}"));
+
+    // With `fencing`, a set cannot share one of its keys: a clear error.
+    let fenced_one = Lock::new("account:1").fencing().client(client.clone());
+    let fenced_pair = Lock::all(["account:1", "account:2"])
+        .fencing()
+        .client(client.clone());
+    let error = fenced_one
+        .run(async { fenced_pair.try_acquire().await.unwrap_err() })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&error, LockError::Config(ConfigError::Reentry { name, .. }) if name == "account:1"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_acquisition_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let held = Lock::new("c2")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let set = Lock::all(["c1", "c2"])
+        .wait(Duration::from_secs(30))
+        .client(client.clone());
+    // Dropped while waiting: its places in both queues are given up.
+    {
+        let mut acquiring = Box::pin(set.acquire());
+        let queued = async {
+            wait_until_async("the waiter is queued", LINE_TIMEOUT, || {
+                exists(&server, "lock:{c1}:queue") && exists(&server, "lock:{c2}:queue")
+            })
+            .await
+        };
+        tokio::select! {
+            _ = &mut acquiring => panic!("c2 is held"),
+            () = queued => {}
+        }
+    }
+    wait_until_async("the queues are left", LINE_TIMEOUT, || {
+        !exists(&server, "lock:{c1}:queue") && !exists(&server, "lock:{c2}:queue")
+    })
+    .await;
+    assert!(!exists(&server, "lock:{c1}"));
+    held.release().await.unwrap();
+
+    // Dropped at its first poll (the attempt on the wire): whatever it took
+    // is released in the background.
+    for polls in 0..3 {
+        let mut acquiring = Box::pin(set.acquire());
+        for _ in 0..polls {
+            let _ = (&mut acquiring).now_or_never();
+        }
+        drop(acquiring);
+        wait_until_async("the set is free again", LINE_TIMEOUT, || {
+            !exists(&server, "lock:{c1}") && !exists(&server, "lock:{c2}")
+        })
+        .await;
+    }
+
+    // A body dropped mid-run: every lock released.
+    let run = set.run(std::future::pending::<()>());
+    let mut run = Box::pin(run);
+    wait_until_async("the set is held", LINE_TIMEOUT, || {
+        let _ = (&mut run).now_or_never();
+        exists(&server, "lock:{c1}") && exists(&server, "lock:{c2}")
+    })
+    .await;
+    drop(run);
+    wait_until_async("the set is released", LINE_TIMEOUT, || {
+        !exists(&server, "lock:{c1}") && !exists(&server, "lock:{c2}")
+    })
+    .await;
+}
