@@ -31,7 +31,7 @@ pub mod guide;
 /// attribute's expansion uses it.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::attribute::{run, LockClient, NotAcquired};
+    pub use crate::attribute::{run, run_all, LockClient, NotAcquired};
 }
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
