@@ -357,3 +357,86 @@ async fn a_dropped_acquisition_leaves_nothing_behind() {
     })
     .await;
 }
+
+/// Parses `done a=1 b=2|first error` into the values of its fields.
+fn fields(line: &str) -> std::collections::HashMap<String, u64> {
+    let (head, _) = line.split_once('|').unwrap_or((line, ""));
+    head.split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.parse().unwrap()))
+        .collect()
+}
+
+#[test]
+fn two_processes_locking_x_y_and_y_x_never_deadlock_nor_overlap() {
+    let server = RedisServer::start();
+    let rounds = 1_000;
+    let mut workers = [
+        worker(&server, &["multi-rounds", "1000", "1", "x", "y"]),
+        worker(&server, &["multi-rounds", "1000", "1", "y", "x"]),
+    ];
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+    for worker in &mut workers {
+        worker.send("go");
+    }
+    // A deadlock would show as a wait running out (60 s each): errors.
+    for worker in &mut workers {
+        let line = worker.line(Duration::from_secs(600));
+        let done = fields(&line);
+        assert!(line.starts_with("done"), "{line}");
+        assert_eq!(done["rounds"], rounds, "{line}");
+        assert_eq!(done["errors"], 0, "{line}");
+        assert!(done["longest_ms"] < 30_000, "{line}");
+    }
+    assert_eq!(value(&redis(&server, &["GET", "multi:overlaps"])), None);
+    // Both made progress, interleaved: each ran sections between the
+    // other's.
+    let order = redis(&server, &["LRANGE", "multi:order", "0", "-1"]);
+    let pids: Vec<&str> = order
+        .lines()
+        .filter(|line| !line.starts_with('*') && !line.starts_with('$'))
+        .collect();
+    assert_eq!(pids.len() as u64, 2 * rounds);
+    let switches = pids.windows(2).filter(|pair| pair[0] != pair[1]).count();
+    assert!(
+        switches >= 10,
+        "{switches} switches between the two processes"
+    );
+}
+
+#[test]
+fn transfers_from_several_processes_keep_the_total() {
+    let server = RedisServer::start();
+    let accounts = 6;
+    for account in 0..accounts {
+        redis(&server, &["SET", &format!("balance:{account}"), "1000"]);
+    }
+    let mut workers: Vec<Process> = (0..3)
+        .map(|seed| {
+            let seed = (seed + 1).to_string();
+            worker(&server, &["transfer", "6", "300", &seed])
+        })
+        .collect();
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+    for worker in &mut workers {
+        worker.send("go");
+    }
+    for worker in &mut workers {
+        let line = worker.line(Duration::from_secs(600));
+        let done = fields(&line);
+        assert_eq!((done["transfers"], done["errors"]), (300, 0), "{line}");
+    }
+    let total: i64 = (0..accounts)
+        .map(|account| {
+            value(&redis(&server, &["GET", &format!("balance:{account}")]))
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(total, 1000 * accounts);
+}

@@ -99,6 +99,11 @@
 //! - `sem-hold KEY PERMITS TTL_MS [WAIT_MS]`: takes one permit (manual API,
 //!   no renewal); then as `rw-hold`.
 //! - `sem-try KEY PERMITS`: one try of one permit; as `rw-try`.
+//!
+//! Several keys at once: `multi-rounds` and `transfer`, in `worker_multi.rs`.
+
+#[path = "worker_multi.rs"]
+mod multi;
 
 use std::time::Duration;
 
@@ -179,6 +184,12 @@ async fn main() {
             hold_shared(semaphore.take(1)).await
         }
         ["sem-try", key, permits] => try_shared(Semaphore::new(*key, parse(permits)).take(1)).await,
+        ["multi-rounds", rounds, tasks, names @ ..] => {
+            multi::multi_rounds(parse(rounds), parse(tasks), names).await
+        }
+        ["transfer", accounts, rounds, seed] => {
+            multi::transfers(parse(accounts), parse(rounds), parse(seed)).await
+        }
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }
