@@ -440,3 +440,63 @@ fn transfers_from_several_processes_keep_the_total() {
         .sum();
     assert_eq!(total, 1000 * accounts);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let server = RedisServer::start();
+    let sections = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Three clients (three processes, as far as Redis can tell) take x in
+    // turn, each asking again as soon as it released: x is never free for
+    // long, and always wanted by a queued waiter.
+    let stream: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = Lock::new("x")
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(30))
+                .client(client(&server));
+            let (sections, stop) = (Arc::clone(&sections), Arc::clone(&stop));
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let guard = lock.acquire().await.unwrap();
+                    // The section's work.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    sections.fetch_add(1, Ordering::Relaxed);
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    wait_until_async("the stream is running", LINE_TIMEOUT, || {
+        sections.load(Ordering::Relaxed) >= 30
+    })
+    .await;
+    let set = Lock::all(["x", "y"])
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(20))
+        .client(client(&server));
+    let mut worst = 0;
+    for _ in 0..10 {
+        let before = sections.load(Ordering::Relaxed);
+        let guard = set.acquire().await.unwrap();
+        let ran = sections.load(Ordering::Relaxed) - before;
+        worst = worst.max(ran);
+        guard.release().await.unwrap();
+        // Let the stream run a few sections between the set's turns.
+        let now = sections.load(Ordering::Relaxed);
+        wait_until_async("the stream goes on", LINE_TIMEOUT, || {
+            sections.load(Ordering::Relaxed) >= now + 3
+        })
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in stream {
+        task.await.unwrap();
+    }
+    // Woken by the release that makes it first in x's line, it gets x
+    // within a few sections, however long the stream goes on.
+    assert!(worst <= 12, "{worst} single-key sections ran ahead of the set");
+}
