@@ -500,3 +500,38 @@ async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
     // within a few sections, however long the stream goes on.
     assert!(worst <= 12, "{worst} single-key sections ran ahead of the set");
 }
+
+#[tokio::test]
+async fn each_lock_of_a_set_shows_in_lock_info_with_its_holder() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let guard = Lock::all(["shown:a", "shown:b"])
+        .caller("bank::transfer")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    // The holder record is written once a hold has lasted a second.
+    for name in ["shown:a", "shown:b"] {
+        let mut function = None;
+        let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+        while function.is_none() {
+            assert!(std::time::Instant::now() < deadline, "no holder record for {name}");
+            let info = client.lock_info(name).await.unwrap();
+            let holder = info
+                .iter()
+                .flat_map(|lock| lock.holders.iter())
+                .next()
+                .unwrap_or_else(|| panic!("{name} shows no holder: {info:?}"));
+            function = holder
+                .record
+                .as_ref()
+                .and_then(|record| record.function.clone());
+            if function.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        assert_eq!(function.as_deref(), Some("bank::transfer"));
+    }
+    guard.release().await.unwrap();
+}
