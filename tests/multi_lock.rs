@@ -498,7 +498,10 @@ async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
     }
     // Woken by the release that makes it first in x's line, it gets x
     // within a few sections, however long the stream goes on.
-    assert!(worst <= 12, "{worst} single-key sections ran ahead of the set");
+    assert!(
+        worst <= 12,
+        "{worst} single-key sections ran ahead of the set"
+    );
 }
 
 #[tokio::test]
@@ -516,7 +519,10 @@ async fn each_lock_of_a_set_shows_in_lock_info_with_its_holder() {
         let mut function = None;
         let deadline = std::time::Instant::now() + LINE_TIMEOUT;
         while function.is_none() {
-            assert!(std::time::Instant::now() < deadline, "no holder record for {name}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no holder record for {name}"
+            );
             let info = client.lock_info(name).await.unwrap();
             let holder = info
                 .iter()

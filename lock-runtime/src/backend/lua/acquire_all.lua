@@ -99,7 +99,7 @@ if busy == 0 then
     local value = token
     if after then value = token .. '|' .. after end
     redis.call('SET', KEYS[lock], value, 'PX', ARGV[2])
-    if redis.call('ZREM', KEYS[lock + 3], member) == 1 then
+    if heads[i] and redis.call('ZREM', KEYS[lock + 3], member) == 1 then
       redis.call('LREM', KEYS[lock + 2], '1', member)
     end
   end
