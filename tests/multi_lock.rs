@@ -305,7 +305,10 @@ async fn a_dropped_acquisition_leaves_nothing_behind() {
         .try_acquire()
         .await
         .unwrap();
+    // A ttl longer than every bound here: a lock left behind would still be
+    // there when the test looks.
     let set = Lock::all(["c1", "c2"])
+        .ttl(Duration::from_secs(120))
         .wait(Duration::from_secs(30))
         .client(client.clone());
     // Dropped while waiting: its places in both queues are given up.
@@ -322,15 +325,45 @@ async fn a_dropped_acquisition_leaves_nothing_behind() {
             () = queued => {}
         }
     }
+    // Left by LEAVE (not expired): the holder's wake mark no longer names it.
     wait_until_async("the queues are left", LINE_TIMEOUT, || {
-        !exists(&server, "lock:{c1}:queue") && !exists(&server, "lock:{c2}:queue")
+        !exists(&server, "lock:{c1}:queue")
+            && !exists(&server, "lock:{c2}:queue")
+            && get(&server, "lock:{c2}").as_deref() == Some(held.token())
     })
     .await;
     assert!(!exists(&server, "lock:{c1}"));
     held.release().await.unwrap();
 
-    // Dropped at its first poll (the attempt on the wire): whatever it took
-    // is released in the background.
+    // Dropped with its attempt on the wire: through a proxy that delays
+    // every reply by 300 ms, dropped once Redis ran the script (both keys
+    // set) and before the reply came back. Its token is released in the
+    // background.
+    let proxy = test_support::Proxy::start(server.port());
+    let slow = set
+        .clone()
+        .client(Client::new(Config::new(proxy.url())).unwrap());
+    slow.try_acquire().await.unwrap().release().await.unwrap();
+    proxy.set_latency(Duration::from_millis(300));
+    {
+        let mut acquiring = Box::pin(slow.acquire());
+        let taken = async {
+            wait_until_async("the script ran", LINE_TIMEOUT, || {
+                exists(&server, "lock:{c1}") && exists(&server, "lock:{c2}")
+            })
+            .await
+        };
+        tokio::select! {
+            _ = &mut acquiring => panic!("the reply is delayed past the script's run"),
+            () = taken => {}
+        }
+    }
+    wait_until_async("the set is free again", LINE_TIMEOUT, || {
+        !exists(&server, "lock:{c1}") && !exists(&server, "lock:{c2}")
+    })
+    .await;
+
+    // Dropped at its first polls, before or as the attempt is sent.
     for polls in 0..3 {
         let mut acquiring = Box::pin(set.acquire());
         for _ in 0..polls {

@@ -282,6 +282,8 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     // Dropped mid-attempt: two nodes stall, so the attempt on `sa` (which
     // the third node granted) waits for a majority; dropped then, and the
     // stalled nodes get its commands only after.
+    let scripts = |node: &RedisServer| command_calls(node, "evalsha") + command_calls(node, "eval");
+    let before: Vec<u64> = nodes.iter().map(scripts).collect();
     proxies[1].stall();
     proxies[2].stall();
     let acquiring = {
@@ -296,6 +298,14 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     let _ = acquiring.await;
     proxies[1].resume();
     proxies[2].resume();
+    // The stalled nodes get the attempt late, then its give-back (the same
+    // connection keeps their order): nothing is left once both landed.
+    wait_until_async(
+        "the late attempt and its give-back landed",
+        Duration::from_secs(60),
+        || (1..3).all(|node| scripts(&nodes[node]) >= before[node] + 2),
+    )
+    .await;
     wait_until_async(
         "no lock of the set is left",
         Duration::from_secs(60),
