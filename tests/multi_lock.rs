@@ -574,3 +574,40 @@ async fn each_lock_of_a_set_shows_in_lock_info_with_its_holder() {
     }
     guard.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_set_waiting_in_a_queue_keeps_no_key_from_a_fair_locker() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    // A holder of x (fair), and a set [x, y] waiting for x: first in y's
+    // queue too, while y is free.
+    let x = Lock::new("x").fair().client(client.clone());
+    let held_x = x.try_acquire().await.unwrap();
+    let set = Lock::all(["x", "y"])
+        .fair()
+        .wait(Duration::from_secs(30))
+        .client(client.clone());
+    let waiting = tokio::spawn(async move {
+        let guard = set.acquire().await?;
+        guard.release().await
+    });
+    wait_until_async("the set is first in y's queue", LINE_TIMEOUT, || {
+        value(&redis(&server, &["LINDEX", "lock:{y}:queue", "0"]))
+            .is_some_and(|entry| entry.ends_with('*'))
+    })
+    .await;
+    // x's holder now takes y (fair, waiting): the set's place in y's queue
+    // must not make it wait, or it would wait for a set that waits for x.
+    let y = Lock::new("y")
+        .fair()
+        .wait(Duration::from_secs(5))
+        .client(client.clone());
+    let held_y = y.acquire().await.expect("a set's queue place keeps no key");
+    held_y.release().await.unwrap();
+    held_x.release().await.unwrap();
+    tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -3,8 +3,9 @@
 -- With one token for the whole set; with one fencing token, larger than the
 -- last token of every key, written to every key's fence. Otherwise (when
 -- asked) puts the caller in the queue of every key of the set, so that the
--- release of any of them wakes it and a `fair` single-key locker keeps a
--- free key for it, and makes each holder's wake mark name its queue's head.
+-- release of any of them wakes it (a place that keeps no key: acquire.lua
+-- lets a `fair` locker pass it), and makes each holder's wake mark name its
+-- queue's head.
 -- Preceded by prune.lua (the marks are written by mark_at below: mark.lua's
 -- mark, for the lock key of a given index).
 --
@@ -85,8 +86,9 @@ for i = 1, n do
     if redis.call('EXISTS', KEYS[lock]) == 1 then
       busy, busy_ttl = i, redis.call('PTTL', KEYS[lock])
     elseif ARGV[6] == '1' and head and head ~= member and string.sub(head, -1) ~= '*' then
-      -- another set's waiter (its id ends in `*`) is not waited for: two
-      -- sets each first in a queue the other needs would wait forever
+      -- a set's waiter (its id ends in `*`) keeps no key: waiting for it
+      -- could close a cycle (two sets each first in a queue the other
+      -- needs; acquire.lua does the same for single locks)
       busy = i
     end
   end
