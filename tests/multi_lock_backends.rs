@@ -101,6 +101,24 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
     );
     guard.release().await.unwrap();
 
+    // Renewed, the set's keys go to their primary in one round trip each
+    // tick.
+    let before = client.renewal_stats();
+    Lock::all(["{bank}:r1", "{bank}:r2", "{bank}:r3"])
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone())
+        .run(tokio::time::sleep(Duration::from_millis(1_200)))
+        .await
+        .unwrap();
+    let after = client.renewal_stats();
+    let (sent, trips) = (
+        after.renewals_sent - before.renewals_sent,
+        after.round_trips - before.round_trips,
+    );
+    assert!(trips >= 2, "{trips} round trips");
+    assert_eq!(sent, 3 * trips, "{sent} renewals in {trips} round trips");
+
     // Names on two primaries: key by key, a token each.
     let (x, y) = apart(&cluster);
     let set = Lock::all([y.clone(), x.clone()])
