@@ -202,6 +202,21 @@ async fn every_script(
         .unwrap()?
         .release()
         .await?;
+    // A set (acquire_all.lua): taken and released; then waiting behind
+    // `full`'s hold of one of its keys (queued in both) and given up.
+    let set = Lock::all(["all:s1", "all:s2"]).client(user.clone());
+    set.try_acquire().await?.release().await?;
+    let held = Lock::new("all:s2")
+        .client(full.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    match set.clone().wait(busy_wait).acquire().await {
+        Err(LockError::WaitTimeout { .. }) => {}
+        Err(error) => return Err(error),
+        Ok(_) => panic!("all:s2 is held"),
+    }
+    held.release().await.unwrap();
     // Read/write: two readers (the lone reader's key, then the readers'
     // set, renewed), a writer queued and given up, the releases.
     let rw = RwLock::new("all:rw").client(user.clone());

@@ -107,6 +107,8 @@
 //!
 //! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
 //! is in acknowledged mode (N replicas).
+//!
+//! Several keys at once: `multi-rounds` and `transfer`, in `worker/multi.rs`.
 
 use std::time::Duration;
 
@@ -116,6 +118,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[path = "worker/failover.rs"]
 mod failover;
+#[path = "worker/multi.rs"]
+mod multi;
 
 type Redis = redis::aio::MultiplexedConnection;
 
@@ -195,6 +199,12 @@ async fn main() {
             hold_shared(semaphore.take(1)).await
         }
         ["sem-try", key, permits] => try_shared(Semaphore::new(*key, parse(permits)).take(1)).await,
+        ["multi-rounds", rounds, tasks, names @ ..] => {
+            multi::multi_rounds(parse(rounds), parse(tasks), names).await
+        }
+        ["transfer", accounts, rounds, seed] => {
+            multi::transfers(parse(accounts), parse(rounds), parse(seed)).await
+        }
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }

@@ -6,6 +6,7 @@
 //! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]
 //! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
+//! cargo run --release -p lock-bench -- multi [--seconds 3]
 //! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
 //! cargo run --release -p lock-bench -- sentinel [--pairs 20000] [--rounds 20]
@@ -18,6 +19,7 @@ mod acknowledged;
 mod cluster;
 mod compare;
 mod implementations;
+mod multi;
 mod process_usage;
 mod redlock;
 mod redlock_degraded;
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Some("compare") => compare::main(&args[1..]),
         Some("cluster") => cluster::main(&args[1..]),
         Some("acknowledged") => acknowledged::main(&args[1..]),
+        Some("multi") => multi::main(&args[1..]),
         Some("redlock") => redlock::main(&args[1..]),
         Some("redlock-degraded") => redlock_degraded::main(&args[1..]),
         Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
                  lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
+                 lock-bench multi [--seconds 3]\n       \
                  lock-bench redlock [--pairs 2000] [--sections 500]\n       \
                  lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
                  lock-bench sentinel [--pairs 20000] [--rounds 20]"

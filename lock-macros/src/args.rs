@@ -46,7 +46,11 @@ pub(crate) enum LockKind {
 
 /// The checked arguments.
 pub(crate) struct LockArgs {
+    /// The key template, or the first of a list.
     pub(crate) key: LitStr,
+    /// `key = ["a:<x>", "b:<y>"]`: every template of the list (several
+    /// locks at once, `Lock::all`); empty for a single `key = "..."`.
+    pub(crate) keys: Vec<LitStr>,
     pub(crate) ttl_ms: Option<u64>,
     pub(crate) wait_ms: Option<u64>,
     pub(crate) renew: bool,
@@ -95,7 +99,8 @@ impl ArgumentSpan {
 
 #[derive(Default)]
 pub(crate) struct ArgsParser {
-    key: Option<LitStr>,
+    /// The template(s), and whether they were written as a list.
+    key: Option<(Vec<LitStr>, bool)>,
     /// With its literal, for the check against `renew` in `finish`.
     ttl_ms: Option<(u64, LitStr)>,
     wait_ms: Option<u64>,
@@ -110,6 +115,8 @@ pub(crate) struct ArgsParser {
     read: Option<Span>,
     write: Option<Span>,
     permits: Option<u32>,
+    /// Where `permits` is written.
+    permits_span: Option<Span>,
 }
 
 impl ArgsParser {
@@ -119,8 +126,8 @@ impl ArgsParser {
         };
         match name.as_str() {
             "key" => {
-                let literal = string_value(&meta, &name, "\"order:<order_id>\"")?;
-                set_once(&meta, &name, &mut self.key, literal)
+                let keys = key_value(&meta)?;
+                set_once(&meta, &name, &mut self.key, keys)
             }
             "ttl" => {
                 let literal = string_value(&meta, &name, "\"10s\"")?;
@@ -173,6 +180,7 @@ impl ArgsParser {
             "permits" => {
                 let permits = permits_value(&meta)?;
                 set_once(&meta, &name, &mut self.permits, permits)?;
+                self.permits_span = Some(meta.path.span());
                 self.check_one_kind(&meta, &name)
             }
             "max_hold" => {
@@ -258,12 +266,22 @@ impl ArgsParser {
     }
 
     pub(crate) fn finish(self) -> syn::Result<LockArgs> {
-        let Some(key) = self.key else {
+        let Some((mut keys, list)) = self.key else {
             return Err(syn::Error::new(
                 Span::call_site(),
                 "missing `key`: name the lock, e.g. #[distributed_lock(key = \"order:<order_id>\")]",
             ));
         };
+        let key = keys[0].clone();
+        if !list {
+            keys.clear();
+        } else if let Some(span) = self.read.or(self.write).or(self.permits_span) {
+            return Err(syn::Error::new(
+                span,
+                "`key = [..]` takes several exclusive locks at once: `read`, `write` and \
+                 `permits` do not apply to a set; remove them, or name one key",
+            ));
+        }
         if self.renew.is_none() {
             let needs_renew = [
                 ("max_hold", self.max_hold_ms.map(|(_, span)| span)),
@@ -315,6 +333,7 @@ impl ArgsParser {
         }
         Ok(LockArgs {
             key,
+            keys,
             ttl_ms: self.ttl_ms.map(|(millis, _)| millis),
             wait_ms: self.wait_ms,
             renew: self.renew.is_some(),
@@ -418,6 +437,53 @@ fn flag(meta: &ParseNestedMeta, name: &str) -> syn::Result<Span> {
         )));
     }
     Ok(meta.path.span())
+}
+
+/// `key = "..."`, or `key = ["...", "..."]` (several locks at once): the
+/// templates, and whether they were a list.
+fn key_value(meta: &ParseNestedMeta) -> syn::Result<(Vec<LitStr>, bool)> {
+    const EXAMPLE: &str = "`key = \"order:<order_id>\"`, or for several locks at once \
+                           `key = [\"account:<from>\", \"account:<to>\"]`";
+    let value = meta
+        .value()
+        .map_err(|_| meta.error(format!("`key` needs a value: write {EXAMPLE}")))?;
+    let expr: syn::Expr = value.parse()?;
+    match expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(literal),
+            ..
+        }) => Ok((vec![literal], false)),
+        syn::Expr::Array(array) => {
+            if array.elems.is_empty() {
+                return Err(syn::Error::new_spanned(
+                    array,
+                    "`key = []` names no lock: give at least one template, e.g. \
+                     `key = [\"account:<from>\", \"account:<to>\"]`",
+                ));
+            }
+            let mut keys = Vec::with_capacity(array.elems.len());
+            for element in array.elems {
+                match element {
+                    syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(literal),
+                        ..
+                    }) => keys.push(literal),
+                    other => {
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            "each key of `key = [..]` is a string literal template: write \
+                             `key = [\"account:<from>\", \"account:<to>\"]`",
+                        ))
+                    }
+                }
+            }
+            Ok((keys, true))
+        }
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("`key` takes a string literal: write {EXAMPLE}"),
+        )),
+    }
 }
 
 fn string_value(meta: &ParseNestedMeta, name: &str, example: &str) -> syn::Result<LitStr> {

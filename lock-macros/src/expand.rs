@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::parse::Parser;
 use syn::spanned::Spanned;
-use syn::ItemFn;
+use syn::{ItemFn, LitStr};
 
 use crate::args::{ArgsParser, LockArgs, LockKind};
 use crate::key_template::parse_key;
@@ -73,8 +73,11 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         quote_spanned!(span=> ::std::format!(#format #(, #key_args)*))
     };
     // The builder: a `Lock`, or an `RwLock` or `Semaphore` (same builder
-    // methods) whose side or permit is taken after the chain.
+    // methods) whose side or permit is taken after the chain, or for
+    // `key = [..]` the set of every name (`Lock::all`, same methods).
+    let set = set_of_names(&args, sig)?;
     let mut lock = match args.kind {
+        _ if !args.keys.is_empty() => quote_spanned!(span=> #krate::Lock::all(#set)),
         LockKind::Exclusive => quote_spanned!(span=> #krate::Lock::new(#name_arg)),
         LockKind::Read | LockKind::Write => {
             quote_spanned!(span=> #krate::RwLock::new(#name_arg))
@@ -140,8 +143,19 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     }
     let name = sig.ident.to_string();
     // The key as written: the `lock` label of the metrics (never a
-    // rendered id).
-    let template = &args.key;
+    // rendered id); a set's templates, joined.
+    let template = if args.keys.is_empty() {
+        args.key.clone()
+    } else {
+        let joined: Vec<String> = args.keys.iter().map(LitStr::value).collect();
+        LitStr::new(&joined.join(", "), span)
+    };
+    // One runtime function for a single lock, one for a set.
+    let runner = if args.keys.is_empty() {
+        quote!(run)
+    } else {
+        quote!(run_all)
+    };
     // The return type is checked once, where `not_acquired` is named, at the
     // return type as written: a type the runtime cannot use is one error
     // there, naming the type (and, for `Result<T, E>`, the `E` without
@@ -158,14 +172,14 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
                 quote!(#ty)
             };
             (
-                quote_spanned!(span=> #krate::__private::run::<#named>),
+                quote_spanned!(span=> #krate::__private::#runner::<#named>),
                 quote_spanned!(span=> <#named as #krate::__private::NotAcquired>::not_acquired),
             )
         }
         syn::ReturnType::Default => {
             let krate = krate_at(&args, Span::call_site());
             (
-                quote!(#krate::__private::run::<()>),
+                quote!(#krate::__private::#runner::<()>),
                 quote!(<() as #krate::__private::NotAcquired>::not_acquired),
             )
         }
@@ -189,6 +203,27 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
             .await
         }
     })
+}
+
+/// `key = ["a:<x>", "b:<y>"]`: an array of the names, each template checked
+/// and rendered as a single key is (`String`s, so that literal and rendered
+/// names mix). Empty tokens for a single key.
+fn set_of_names(args: &LockArgs, sig: &syn::Signature) -> syn::Result<TokenStream> {
+    if args.keys.is_empty() {
+        return Ok(TokenStream::new());
+    }
+    let mut names = Vec::with_capacity(args.keys.len());
+    for literal in &args.keys {
+        let key = parse_key(literal, sig)?;
+        let span = literal.span();
+        let (format, key_args) = (&key.format, &key.args);
+        names.push(if key_args.is_empty() {
+            quote_spanned!(span=> ::std::string::String::from(#literal))
+        } else {
+            quote_spanned!(span=> ::std::format!(#format #(, #key_args)*))
+        });
+    }
+    Ok(quote!([#(#names),*]))
 }
 
 /// The path of `lock_runtime` (`crate = "path"`, else `::lock_runtime`), its
@@ -235,6 +270,25 @@ mod tests {
                 pub async fn draw_lottery(date: NaiveDate) -> Result<Vec<UserId>, JobError> {
                     let users = load_users(date).await?;
                     Ok(pick_winners(&users, 10))
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    #[test]
+    fn several_keys_at_once() {
+        let expanded = super::expand(
+            quote!(
+                key = ["account:<from>", "account:<to>", "ledger"],
+                ttl = "10s",
+                wait = "2s",
+                renew,
+                fencing
+            ),
+            quote! {
+                async fn transfer(from: u64, to: u64, cents: i64) -> Result<(), BankError> {
+                    move_money(from, to, cents).await
                 }
             },
         );

@@ -53,6 +53,16 @@ use proc_macro::TokenStream;
 /// async fn swap((a, b): (u32, u32)) -> Result<(), LockError> { Ok(()) }
 /// ```
 ///
+/// **`key = ["...", "..."]`**: several locks at once, every one or none, without deadlock
+/// (`lock_runtime::Lock::all`); each template as above, the same name twice is one lock:
+///
+/// ```rust,no_run
+/// use lock_runtime::{distributed_lock, LockError};
+///
+/// #[distributed_lock(key = ["account:<from>", "account:<to>"], wait = "2s")]
+/// async fn transfer(from: u64, to: u64, cents: i64) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
 /// **`ttl = "10s"`** (default 30 s; from 1 ms to a year, `"8760h"`; at least `"10ms"` with
 /// `renew`): how long the lock lives if its holder never releases it. Units `ms`, `s`, `m`, `h`,
 /// combinable (`"1m30s"`):

@@ -43,6 +43,7 @@ use std::future::Future;
 use crate::client::Client;
 use crate::error::{LockError, LostCause};
 use crate::fronts::lock::Lock;
+use crate::fronts::multi_lock::MultiLock;
 
 /// How a return type says "the lock was not acquired, the body did not run"
 /// (or, for a renewed lock, "the lock was lost, the body was stopped").
@@ -192,6 +193,23 @@ pub async fn run<R>(
 ) -> R {
     let lock = lock.caller(function).metric_label(template);
     match lock.run(body).await {
+        Ok(output) => output,
+        Err(error) => not_acquired(error, function),
+    }
+}
+
+/// [`run`] for `key = ["a:<x>", "b:<y>"]`: `body` under every lock of the
+/// set (`template`: the templates as written, joined). Not a public API.
+#[doc(hidden)]
+pub async fn run_all<R>(
+    set: MultiLock,
+    function: &'static str,
+    template: &'static str,
+    body: impl Future<Output = R>,
+    not_acquired: fn(LockError, &'static str) -> R,
+) -> R {
+    let set = set.caller(function).metric_label(template);
+    match set.run(body).await {
         Ok(output) => output,
         Err(error) => not_acquired(error, function),
     }

@@ -31,12 +31,13 @@ pub mod guide;
 /// attribute's expansion uses it.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::attribute::{run, LockClient, NotAcquired};
+    pub use crate::attribute::{run, run_all, LockClient, NotAcquired};
 }
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{ConfigError, LockError, LostCause};
 pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
+pub use fronts::multi_lock::{MultiGuard, MultiLock};
 pub use fronts::rw_lock::RwLock;
 pub use fronts::semaphore::Semaphore;
 pub use keys::MAX_KEY_LEN;

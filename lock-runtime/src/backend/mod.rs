@@ -162,6 +162,44 @@ pub(crate) enum Acquire {
     Busy { expires_in: Option<Duration> },
 }
 
+/// One attempt to take every exclusive lock of a set at once, or none
+/// (`lua/acquire_all.lua`): the set's keys share a node and a slot
+/// ([`Backend::takes_together`]). One token for the whole set.
+#[derive(Clone, Copy)]
+pub(crate) struct AcquireAllRequest<'a> {
+    /// The set's locks, in its (canonical) order.
+    pub(crate) keys: &'a [LockKeys],
+    pub(crate) token: &'a str,
+    pub(crate) ttl_ms: u64,
+    pub(crate) fence_retention_ms: Option<u64>,
+    /// The caller's entry, the same in every queue of the set.
+    pub(crate) member: &'a str,
+    /// Join (or refresh a place in) every queue of the set when not taken.
+    pub(crate) join: bool,
+    /// Take a free lock only when nobody queued is ahead of the caller.
+    pub(crate) respect: bool,
+    /// An earlier attempt with this token got no answer.
+    pub(crate) mine: bool,
+    pub(crate) waiter_timeout_ms: u64,
+}
+
+/// What an attempt on a whole set found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcquireAll {
+    /// Every lock taken (`found`: by an earlier attempt whose answer was
+    /// lost; the smallest remaining ttl), with one fencing token when asked.
+    Acquired {
+        fence: Option<u64>,
+        found: Option<Duration>,
+    },
+    /// None taken: the lock at `index` of the set is held (expiring after
+    /// `expires_in` when known), or free with another waiter first.
+    Busy {
+        index: usize,
+        expires_in: Option<Duration>,
+    },
+}
+
 /// What a release (or a hand-off, or a renewal) found in the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Found {
@@ -304,6 +342,45 @@ pub(crate) trait Backend: Send + Sync + 'static {
         ttl_ms: u64,
         fence_retention_ms: Option<u64>,
     ) -> BoxFuture<'a, Result<Pass, LockError>>;
+
+    /// Whether every lock of `keys` can be taken by one script
+    /// ([`acquire_all`](Backend::acquire_all)): they live on one node, in
+    /// one slot of a cluster, and an acquisition needs no confirmation
+    /// beyond its own reply (not in acknowledged mode, not over a quorum).
+    fn takes_together(&self, keys: &[LockKeys]) -> bool {
+        let _ = keys;
+        false
+    }
+
+    /// One attempt to take every lock of a set, or none, in one round trip
+    /// (only for keys that [`takes_together`](Backend::takes_together)).
+    fn acquire_all<'a>(
+        &'a self,
+        request: AcquireAllRequest<'a>,
+    ) -> BoxFuture<'a, Result<AcquireAll, LockError>> {
+        Box::pin(async move {
+            let name = request.keys.first().map_or("", LockKeys::name);
+            Err(LockError::redis(
+                name,
+                "acquire",
+                redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "this deployment cannot take several keys in one script",
+                )),
+            ))
+        })
+    }
+
+    /// Makes the lock's last fencing token at least `token` (kept for
+    /// `retention_ms`), so that every later token of the key is larger: a
+    /// set's fencing token, taken across slots or nodes, is the largest of
+    /// its keys' and raised on all of them.
+    fn fence_at_least<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: u64,
+        retention_ms: u64,
+    ) -> BoxFuture<'a, Result<(), LockError>>;
 
     /// Extends every lock of `items` that still holds its token: one round
     /// trip for the whole batch. `round_trips` counts the round trips made.

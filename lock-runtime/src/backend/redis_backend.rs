@@ -20,9 +20,12 @@ use redis::{Cmd, Value};
 
 use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
-use super::scripts::{evalsha, run, Told, ACQUIRE, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING};
+use super::scripts::{
+    evalsha, run, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
+};
 use super::{
-    Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
+    slots, Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
+    RecordWrite, Release, RenewItem, Snapshot,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -293,6 +296,54 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// One call of `acquire_all.lua` (a retry with `mine`), decoded.
+    async fn acquire_all_script(
+        &self,
+        connection: &mut Link,
+        request: &AcquireAllRequest<'_>,
+    ) -> redis::RedisResult<AcquireAll> {
+        let keys = request.keys;
+        let bytes: usize = keys.iter().map(|keys| 4 * keys.lock.len() + 24).sum();
+        let retention_ms = request.fence_retention_ms.unwrap_or(0);
+        let mut cmd = evalsha(
+            &ACQUIRE_ALL,
+            4 * keys.len(),
+            4 * keys.len() + 8,
+            bytes + request.token.len() + 62 + request.member.len(),
+        );
+        for keys in keys {
+            cmd.arg(&keys.lock)
+                .arg(keys.fence())
+                .arg(keys.queue())
+                .arg(keys.waiters());
+        }
+        cmd.arg(request.token)
+            .arg(request.ttl_ms)
+            .arg(retention_ms)
+            .arg(request.waiter_timeout_ms)
+            .arg(u8::from(request.join))
+            .arg(u8::from(request.respect))
+            .arg(request.member)
+            .arg(u8::from(request.mine));
+        let reply: Vec<i64> =
+            run(&ACQUIRE_ALL, &cmd, connection, self.connection.scripts()).await?;
+        let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
+        let millis = |value: i64| u64::try_from(value).ok().map(Duration::from_millis);
+        Ok(if at(0) == 1 {
+            AcquireAll::Acquired {
+                fence: request.fence_retention_ms.map(|_| at(1) as u64),
+                found: (reply.len() > 2).then(|| millis(at(2)).unwrap_or(Duration::ZERO)),
+            }
+        } else {
+            AcquireAll::Busy {
+                index: usize::try_from(at(1) - 1).unwrap_or(0),
+                expires_in: millis(at(2)),
+            }
+        })
+    }
+}
+
 /// A script's release code: 1 (or 2: a waiter was told) the caller's
 /// token, 0 gone, -1 another's.
 fn found(code: i64) -> Found {
@@ -347,6 +398,41 @@ impl Backend for RedisBackend {
 
     fn passes_in_process(&self) -> bool {
         self.ack.is_none()
+    }
+
+    fn takes_together(&self, keys: &[LockKeys]) -> bool {
+        if self.ack.is_some() {
+            return false;
+        }
+        let mut slots = keys.iter().map(|keys| slots::slot(&keys.lock));
+        let first = slots.next();
+        !self.cluster || slots.all(|slot| Some(slot) == first)
+    }
+
+    fn acquire_all<'a>(
+        &'a self,
+        request: AcquireAllRequest<'a>,
+    ) -> BoxFuture<'a, Result<AcquireAll, LockError>> {
+        Box::pin(async move {
+            let name = request.keys.first().map_or("", LockKeys::name);
+            self.call(name, "acquire", |mut connection, attempt| async move {
+                let retry = AcquireAllRequest {
+                    mine: request.mine || attempt > 0,
+                    ..request
+                };
+                self.acquire_all_script(&mut connection, &retry).await
+            })
+            .await
+        })
+    }
+
+    fn fence_at_least<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: u64,
+        retention_ms: u64,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(self.raise_fence(keys, token, retention_ms))
     }
 
     fn partition<'a>(&'a self, items: &'a [RenewItem<'a>]) -> BoxFuture<'a, Vec<Vec<usize>>> {

@@ -179,6 +179,11 @@ const HELPERS: [(&str, &str); 3] = [lua!("publish.lua"), lua!("mark.lua"), lua!(
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&HELPERS, &[lua!("acquire.lua")]], 1));
 
+/// `lua/acquire_all.lua`: take every lock of a set whose keys share a
+/// node (and a slot), or none; or join every one's queue.
+pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&[lua!("prune.lua")], &[lua!("acquire_all.lua")]], 1 << 23));
+
 /// `lua/release.lua`: compare-and-delete, waking the marked waiter.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[PUBLISH], &[lua!("release.lua")]], 2));
@@ -319,9 +324,10 @@ pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
 
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 21] {
+pub(crate) fn all() -> [&'static LuaScript; 22] {
     [
         &ACQUIRE,
+        &ACQUIRE_ALL,
         &RELEASE,
         &QUORUM_ACQUIRE,
         &QUORUM_RELEASE,

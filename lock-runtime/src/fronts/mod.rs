@@ -54,5 +54,6 @@ macro_rules! lock_options {
 pub(crate) use lock_options;
 
 pub(crate) mod lock;
+pub(crate) mod multi_lock;
 pub(crate) mod rw_lock;
 pub(crate) mod semaphore;

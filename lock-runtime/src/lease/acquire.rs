@@ -22,12 +22,12 @@ use crate::token::new_token;
 /// loses it (it crashed, or stopped waiting without saying so).
 pub(crate) const WAITER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a waiter refreshes its place when nothing wakes it.
-const QUEUE_REFRESH: Duration = Duration::from_millis(500);
+pub(crate) const QUEUE_REFRESH: Duration = Duration::from_millis(500);
 /// The longest a waiter sleeps without news when Redis gave no expiry.
-const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
+pub(crate) const FALLBACK_PAUSE: Duration = Duration::from_millis(100);
 /// A waiter whose attempt failed on the connection tries again after this
 /// long (doubled up to the refresh interval), while its wait lasts.
-const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
+pub(crate) const FIRST_ERROR_PAUSE: Duration = Duration::from_millis(20);
 
 /// One call of `acquire` / `try_acquire`, with everything resolved.
 pub(crate) struct Acquisition<'a> {
@@ -424,7 +424,7 @@ impl Acquisition<'_> {
         }
     }
 
-    fn guard(
+    pub(crate) fn guard(
         &self,
         token: String,
         sent_at: Instant,
@@ -465,7 +465,12 @@ impl Acquisition<'_> {
         }
     }
 
-    fn acquired(&self, token: String, sent_at: Instant, fencing_token: Option<u64>) -> Acquired {
+    pub(crate) fn acquired(
+        &self,
+        token: String,
+        sent_at: Instant,
+        fencing_token: Option<u64>,
+    ) -> Acquired {
         let settings = &self.settings;
         Acquired {
             core: Arc::clone(&self.core),

@@ -113,6 +113,10 @@ pub(crate) struct Hold {
     settled: Option<watch::Receiver<bool>>,
     /// See [`Hold::mark_pass_refused`].
     pass_refused: AtomicBool,
+    /// The fencing token of the set this hold belongs to, when it is larger
+    /// than the hold's own (a set taken key by key: `lease/multi.rs`); 0
+    /// otherwise.
+    set_fence: AtomicU64,
     /// Until when the lock is known to be valid: the send time of the last
     /// confirmed acquire or renewal, plus ttl, minus the drift margin.
     valid_until: AtomicU64,
@@ -170,6 +174,7 @@ impl Hold {
             linger: AtomicBool::new(linger),
             settled,
             pass_refused: AtomicBool::new(false),
+            set_fence: AtomicU64::new(0),
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
@@ -195,6 +200,19 @@ impl Hold {
             caller: caller.cloned(),
             _registered: self.core.holders().register(self),
         });
+    }
+
+    /// The fencing token its holder uses: its own, or its set's (see
+    /// [`Hold::raise_fence`]).
+    pub(crate) fn fencing(&self) -> Option<u64> {
+        self.fencing_token
+            .map(|own| own.max(self.set_fence.load(Ordering::Acquire)))
+    }
+
+    /// This hold is part of a set whose fencing token is `token` (the
+    /// largest of its keys', raised on every key's fence).
+    pub(crate) fn raise_fence(&self, token: u64) {
+        self.set_fence.fetch_max(token, Ordering::AcqRel);
     }
 
     /// The `lock` label of its metrics (`Lock::metric_label`).

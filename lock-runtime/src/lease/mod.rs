@@ -11,9 +11,11 @@ pub(crate) mod hold;
 pub(crate) mod holders;
 pub(crate) mod local_handoff;
 pub(crate) mod loss;
+pub(crate) mod multi;
 pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod watch;
+pub(crate) mod watch_set;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

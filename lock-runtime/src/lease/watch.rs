@@ -144,8 +144,21 @@ impl Scope {
         self.task.load(Ordering::Relaxed)
     }
 
+    /// A new scope of `hold`, nested in `outer`: the chain of a body run
+    /// under several locks at once (`watch_set.rs`) has one scope per lock.
+    pub(super) fn nested(hold: Arc<Hold>, outer: Option<Arc<Scope>>, reads: bool) -> Arc<Scope> {
+        Arc::new(Scope {
+            hold,
+            outer,
+            task: AtomicU64::new(this_task()),
+            entry: Semaphore::const_new(ENTRY_PERMITS as usize),
+            guards: AtomicU32::new(0),
+            reads,
+        })
+    }
+
     /// Records the task polling the body now.
-    fn polled_by(&self, task: u64) {
+    pub(super) fn polled_by(&self, task: u64) {
         if self.task() != task {
             self.task.store(task, Ordering::Relaxed);
         }
@@ -159,7 +172,7 @@ tokio::task_local! {
 /// The Tokio task running now, as a number (0 outside any task). Tokio's
 /// task `Id` is a non-zero integer with no public accessor; its `Hash`
 /// writes that integer, which this hasher keeps as it is.
-fn this_task() -> u64 {
+pub(super) fn this_task() -> u64 {
     use std::hash::{Hash, Hasher};
 
     #[derive(Default)]
@@ -187,6 +200,16 @@ fn this_task() -> u64 {
         id.hash(&mut keep);
         keep.finish()
     })
+}
+
+/// The scope of the body running now, if any.
+pub(super) fn current_scope() -> Option<Arc<Scope>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// `body`, run with `scope` as its task's current scope.
+pub(super) fn in_scope<F: Future>(scope: Arc<Scope>, body: F) -> TaskLocalFuture<Arc<Scope>, F> {
+    CURRENT.scope(scope, body)
 }
 
 /// The innermost scope of this lock (same client, same key) up this task's
@@ -302,7 +325,7 @@ impl HeldLock {
     /// write to a store that can reject a write carrying a smaller token than
     /// one it has seen.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.hold.fencing_token
+        self.hold.fencing()
     }
 
     /// Whether the lock is renewed by the watchdog.
@@ -370,14 +393,7 @@ pub(crate) fn watch<F: Future>(
     reads: bool,
     body: F,
 ) -> Watched<F> {
-    let scope = Arc::new(Scope {
-        hold: Arc::clone(&hold),
-        outer: CURRENT.try_with(Arc::clone).ok(),
-        task: AtomicU64::new(this_task()),
-        entry: Semaphore::const_new(ENTRY_PERMITS as usize),
-        guards: AtomicU32::new(0),
-        reads,
-    });
+    let scope = Scope::nested(Arc::clone(&hold), current_scope(), reads);
     Watched {
         body: CURRENT.scope(Arc::clone(&scope), body),
         scope,
@@ -389,19 +405,17 @@ pub(crate) fn watch<F: Future>(
     }
 }
 
-impl<F: Future> Watched<F> {
-    /// Why the body must stop now, if it must.
-    fn stop_cause(hold: &Hold, stop_on_loss: bool, reentrant: bool) -> Option<LostCause> {
-        if stop_on_loss {
-            // Against the clock too, not only on news from Redis: a process
-            // resumed after a pause past the deadline takes no further step.
-            hold.lost_cause(Instant::now())
-        } else if reentrant {
-            hold.reported_loss()
-                .filter(|cause| *cause == LostCause::Released)
-        } else {
-            None
-        }
+/// Why a body run under `hold` must stop now, if it must.
+pub(super) fn stop_cause(hold: &Hold, stop_on_loss: bool, reentrant: bool) -> Option<LostCause> {
+    if stop_on_loss {
+        // Against the clock too, not only on news from Redis: a process
+        // resumed after a pause past the deadline takes no further step.
+        hold.lost_cause(Instant::now())
+    } else if reentrant {
+        hold.reported_loss()
+            .filter(|cause| *cause == LostCause::Released)
+    } else {
+        None
     }
 }
 
@@ -419,7 +433,7 @@ impl<F: Future> Future for Watched<F> {
                 let _ = signal.as_mut().poll(cx);
             }
         }
-        if let Some(cause) = Self::stop_cause(this.hold, *this.stop_on_loss, *this.reentrant) {
+        if let Some(cause) = stop_cause(this.hold, *this.stop_on_loss, *this.reentrant) {
             return Poll::Ready(Err(cause));
         }
         if let Poll::Ready(output) = this.body.poll(cx) {

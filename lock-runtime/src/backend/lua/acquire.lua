@@ -39,6 +39,19 @@ local function now_ms()
 end
 local head = prune(3, 4, ARGV[7], now_ms)
 local may = ARGV[6] == '0' or not head or head == ARGV[7]
+if not may and string.sub(head, -1) == '*' then
+  -- A set's waiter (acquire_all.lua; its entry ends in `*`) keeps no key:
+  -- waiting for it here could close a cycle (a holder of its other key
+  -- waiting for this one). The first waiter that is not a set's goes first.
+  may = true
+  for _, entry in ipairs(redis.call('LRANGE', KEYS[3], '0', '-1')) do
+    local expiry = tonumber(redis.call('ZSCORE', KEYS[4], entry))
+    if string.sub(entry, -1) ~= '*' and expiry and expiry > now_ms() then
+      may = entry == ARGV[7]
+      break
+    end
+  end
+end
 if may then
   -- the waiter to wake after this holder: the first in line other than it
   local after = head

@@ -117,6 +117,31 @@ impl QuorumBackend {
 }
 
 impl Backend for QuorumBackend {
+    fn fence_at_least<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: u64,
+        retention_ms: u64,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        Box::pin(async move {
+            let raised = self
+                .write_back(keys, token, retention_ms, self.deadline)
+                .await;
+            if raised >= self.nodes.quorum() {
+                return Ok(());
+            }
+            Err(LockError::redis(
+                keys.name(),
+                "fencing write-back",
+                redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "too few nodes took the fencing token",
+                    format!("{raised} of {} nodes", self.nodes.len()),
+                )),
+            ))
+        })
+    }
+
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,

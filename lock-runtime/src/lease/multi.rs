@@ -1,0 +1,425 @@
+//! Taking a set of exclusive locks at once (`Lock::all`): every lock or
+//! none, without deadlock (docs/design.md §16).
+//!
+//! - **Together:** when the backend can take every key in one script (one
+//!   node; one slot of a cluster), `acquire_all.lua` takes all or none, and
+//!   a waiter stands in every key's queue, woken by the release of any.
+//! - **One by one** (keys across cluster slots, a quorum, acknowledged
+//!   mode): a try of each key in the set's order; on a busy key, what was
+//!   taken is given back and the waiter waits for that key alone, holding
+//!   nothing, then tries the others again. Nobody ever waits while holding
+//!   part of a set, so no cycle of waiters can form.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+
+use crate::backend::{retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Subscription};
+use crate::error::{ConfigError, LockError};
+use crate::keys::LockKeys;
+use crate::lease::acquire::{
+    Acquisition, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH, WAITER_TIMEOUT,
+};
+use crate::lease::guard::LockGuard;
+use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
+use crate::lease::release::spawn_release;
+use crate::lease::watch::Entry;
+use crate::lease::Core;
+use crate::token::new_token;
+
+/// One call of `acquire` on a set: one acquisition per distinct name, in
+/// the set's canonical (sorted) order.
+pub(crate) struct SetAcquisition<'a> {
+    pub(crate) members: Vec<Acquisition<'a>>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) started: Instant,
+}
+
+/// A set waiter's id in the queues of its keys: its token followed by `*`,
+/// so that another set's attempt, which lets queued single-key waiters go
+/// first (`fair`), does not wait for a set waiter (two sets waiting for each
+/// other's place in line would wait forever).
+fn set_waiter(token: &str) -> String {
+    format!("{token}*")
+}
+
+impl SetAcquisition<'_> {
+    /// The guards of every lock of the set, in its order.
+    pub(crate) async fn take(&self, entry: Entry) -> Result<Vec<LockGuard>, LockError> {
+        let mut guards: Vec<Option<LockGuard>> = self.members.iter().map(|_| None).collect();
+        let mut rest = Vec::with_capacity(self.members.len());
+        for (index, member) in self.members.iter().enumerate() {
+            match &member.held {
+                // Held up this task's call chain: shared, as a single lock
+                // would be (README, "Reentrancy").
+                Some(scope) => guards[index] = Some(member.reentered(scope, entry).await?),
+                None => rest.push(index),
+            }
+        }
+        if !rest.is_empty() {
+            let first = &self.members[rest[0]];
+            if rest.len() < self.members.len() && first.settings.fencing {
+                let held = self.members.iter().find(|member| member.held.is_some());
+                return Err(ConfigError::Reentry {
+                    name: held.map_or(first.name, |member| member.name).to_owned(),
+                    reason: "this set asks for `fencing`, and this lock of it is already held up \
+                             the call chain: one token for the whole set would need a new \
+                             acquisition of that lock; take the whole set in the outer lock, or \
+                             drop `fencing` from the inner one",
+                }
+                .into());
+            }
+            let members: Vec<&Acquisition<'_>> =
+                rest.iter().map(|&index| &self.members[index]).collect();
+            let keys: Vec<LockKeys> = members.iter().map(|member| member.keys.clone()).collect();
+            let taken = if first.core.backend().takes_together(&keys) {
+                self.together(&members, &keys).await?
+            } else {
+                self.one_by_one(&members).await?
+            };
+            for (index, guard) in rest.into_iter().zip(taken) {
+                guards[index] = Some(guard);
+            }
+        }
+        Ok(guards.into_iter().flatten().collect())
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.wait.and_then(|wait| self.started.checked_add(wait))
+    }
+
+    fn wait_timeout(&self, name: &str) -> LockError {
+        LockError::WaitTimeout {
+            name: name.to_owned(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    /// Every lock in one script per attempt (`acquire_all.lua`); a waiter
+    /// stands in every queue of the set and is woken by any release.
+    async fn together(
+        &self,
+        members: &[&Acquisition<'_>],
+        keys: &[LockKeys],
+    ) -> Result<Vec<LockGuard>, LockError> {
+        let first = members[0];
+        let core = &first.core;
+        let settings = first.settings;
+        let token = new_token(core.client_id())?;
+        let waiter = set_waiter(&token);
+        let waits = self.wait.is_some();
+        let deadline = self.deadline();
+        let notifier = core.notifier();
+        let (channel, slot) = notifier.channel_for(&keys[0].lock);
+        let member = Kind::Exclusive.queue_entry(&channel, &waiter);
+        let mut unknown = SetUnknown {
+            members,
+            token: &token,
+            last_sent: Instant::now(),
+            open: false,
+            stalled: false,
+        };
+        let mut place = SetPlace {
+            core,
+            keys,
+            member: &member,
+            joined: false,
+        };
+        let mut subscription = if waits {
+            notifier.join_ready(&waiter, slot)
+        } else {
+            None
+        };
+        let mut respect = settings.fair
+            || members
+                .iter()
+                .any(|member| core.just_handed_over(&member.keys.lock));
+        let mut error_pause = FIRST_ERROR_PAUSE;
+        loop {
+            let notified = subscription.as_ref().map(Subscription::notified);
+            let request = AcquireAllRequest {
+                keys,
+                token: &token,
+                ttl_ms: first.ttl_ms,
+                fence_retention_ms: settings.fencing.then(|| fence_retention_ms(first.ttl_ms)),
+                member: &member,
+                join: waits,
+                respect,
+                mine: unknown.sent(),
+                waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
+            };
+            place.joined |= waits;
+            let (index, expires_in) = match core.backend().acquire_all(request).await {
+                Ok(AcquireAll::Acquired { fence, found }) => {
+                    place.joined = false; // the script took it out of every queue
+                    return Ok(unknown.acquired(fence, found));
+                }
+                Ok(AcquireAll::Busy { index, expires_in }) => {
+                    unknown.resolved();
+                    error_pause = FIRST_ERROR_PAUSE;
+                    (index.min(members.len() - 1), expires_in)
+                }
+                Err(LockError::Redis { source, .. })
+                    if waits
+                        && retryable(&source)
+                        && deadline
+                            .is_none_or(|deadline| Instant::now() + error_pause < deadline) =>
+                {
+                    if !source.is_connection_refusal() {
+                        unknown.stalled = true;
+                    }
+                    tokio::time::sleep(error_pause).await;
+                    error_pause = (error_pause * 2).min(QUEUE_REFRESH);
+                    continue;
+                }
+                Err(error) => {
+                    if matches!(&error, LockError::Redis { source, .. } if !source.is_connection_refusal())
+                    {
+                        unknown.stalled = true;
+                    }
+                    return Err(error);
+                }
+            };
+            let name = members[index].name;
+            if !waits {
+                return Err(LockError::Busy {
+                    name: name.to_owned(),
+                });
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Err(self.wait_timeout(name));
+            }
+            if subscription.is_none() {
+                // Listen, then try again at once: a release in between is
+                // not missed (as a single lock's waiter does).
+                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
+                subscription = Some(
+                    notifier
+                        .subscribe(&waiter, slot, left.min(QUEUE_REFRESH))
+                        .await,
+                );
+                continue;
+            }
+            // A holder that just handed one of the keys over lets its waiter
+            // go first only until its own first wait.
+            respect = settings.fair;
+            let mut pause = expires_in.map_or(FALLBACK_PAUSE, |expires_in| {
+                expires_in.saturating_add(Duration::from_millis(1))
+            });
+            pause = pause.min(QUEUE_REFRESH);
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline - now);
+            }
+            wait_for(notified, pause).await;
+        }
+    }
+
+    /// Key by key, never waiting while holding any: a try of each in the
+    /// set's order; on a busy one, what was taken is given back, and the
+    /// next round first waits for that key alone (in its queue, woken by
+    /// its release), then tries the others.
+    async fn one_by_one(&self, members: &[&Acquisition<'_>]) -> Result<Vec<LockGuard>, LockError> {
+        let deadline = self.deadline();
+        let mut wait_first: Option<usize> = None;
+        loop {
+            let mut taken: Vec<Option<LockGuard>> = members.iter().map(|_| None).collect();
+            if let Some(index) = wait_first {
+                let member = members[index];
+                let left = deadline.map_or(Duration::MAX, |deadline| {
+                    deadline.saturating_duration_since(Instant::now())
+                });
+                match member
+                    .waiting(left, Instant::now(), member.respects_queue())
+                    .await
+                {
+                    Ok(guard) => taken[index] = Some(guard),
+                    Err(LockError::WaitTimeout { name, .. }) => {
+                        return Err(self.wait_timeout(&name))
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            let mut busy = None;
+            for (index, member) in members.iter().enumerate() {
+                if taken[index].is_some() {
+                    continue;
+                }
+                match member.once().await {
+                    Ok(guard) => taken[index] = Some(guard),
+                    Err(LockError::Busy { .. }) => {
+                        busy = Some(index);
+                        break;
+                    }
+                    Err(LockError::Redis { source, .. })
+                        if self.wait.is_some() && retryable(&source) =>
+                    {
+                        busy = Some(index);
+                        break;
+                    }
+                    Err(error) => {
+                        give_back(taken).await;
+                        return Err(error);
+                    }
+                }
+            }
+            let Some(index) = busy else {
+                let guards: Vec<LockGuard> = taken.into_iter().flatten().collect();
+                if members[0].settings.fencing {
+                    raise_fences(members[0], &guards).await?;
+                }
+                return Ok(guards);
+            };
+            give_back(taken).await;
+            let name = members[index].name;
+            if self.wait.is_none() {
+                return Err(LockError::Busy {
+                    name: name.to_owned(),
+                });
+            }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Err(self.wait_timeout(name));
+            }
+            wait_first = Some(index);
+        }
+    }
+}
+
+/// Releases what a round of [`SetAcquisition::one_by_one`] took (a
+/// cancelled give-back goes on in the background: each guard's drop).
+async fn give_back(taken: Vec<Option<LockGuard>>) {
+    join_all(taken.into_iter().flatten().map(LockGuard::release)).await;
+}
+
+/// One fencing token for a set taken key by key: the largest of its keys'
+/// tokens, written to every key's fence (`fence_raise.lua`) so that every
+/// later token of each key is larger.
+async fn raise_fences(first: &Acquisition<'_>, guards: &[LockGuard]) -> Result<(), LockError> {
+    let Some(token) = guards
+        .iter()
+        .filter_map(|guard| guard.fencing_token())
+        .max()
+    else {
+        return Ok(());
+    };
+    let retention_ms = fence_retention_ms(first.ttl_ms);
+    let backend = first.core.backend();
+    let raised = join_all(guards.iter().map(|guard| {
+        let keys = &guard.hold().keys;
+        backend.fence_at_least(keys, token, retention_ms)
+    }))
+    .await;
+    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
+    for guard in guards {
+        guard.hold().raise_fence(token);
+    }
+    Ok(())
+}
+
+/// The attempts of a set taken together whose outcome is unknown (see
+/// `acquire.rs`'s `Unknown`): if the acquisition ends without the set, each
+/// key that may hold the token is released in the background.
+struct SetUnknown<'a, 'b> {
+    members: &'a [&'a Acquisition<'b>],
+    token: &'a str,
+    last_sent: Instant,
+    open: bool,
+    stalled: bool,
+}
+
+impl SetUnknown<'_, '_> {
+    fn sent(&mut self) -> bool {
+        let earlier = self.open;
+        self.last_sent = Instant::now();
+        self.open = true;
+        earlier
+    }
+
+    fn resolved(&mut self) {
+        if !self.stalled {
+            self.open = false;
+        }
+    }
+
+    /// The guards of the set: taken by this attempt (validity from its send
+    /// time), or found taken by an earlier one (validity from the smallest
+    /// remaining ttl).
+    fn acquired(mut self, fence: Option<u64>, found: Option<Duration>) -> Vec<LockGuard> {
+        self.open = false;
+        let ttl = self.members[0].settings.ttl;
+        let (sent_at, expires_by) = match found {
+            None => (self.last_sent, None),
+            Some(remaining) => {
+                let expiry = self.last_sent + remaining;
+                (
+                    expiry.checked_sub(ttl).unwrap_or(self.last_sent),
+                    Some(expiry),
+                )
+            }
+        };
+        self.members
+            .iter()
+            .map(|member| {
+                member.guard(
+                    self.token.to_owned(),
+                    sent_at,
+                    expires_by,
+                    fence,
+                    self.stalled,
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for SetUnknown<'_, '_> {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        for member in self.members {
+            let acquired = member.acquired(self.token.to_owned(), self.last_sent, None);
+            spawn_release(
+                Hold::new(Acquired {
+                    hold_at_least: None,
+                    linger: self.stalled,
+                    ..acquired
+                }),
+                false,
+            );
+        }
+    }
+}
+
+/// A set waiter's places in the queues of its keys, given up when it stops
+/// waiting without the set.
+struct SetPlace<'a> {
+    core: &'a Arc<Core>,
+    keys: &'a [LockKeys],
+    member: &'a str,
+    joined: bool,
+}
+
+impl Drop for SetPlace<'_> {
+    fn drop(&mut self) {
+        if !self.joined {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the places expire after WAITER_TIMEOUT
+        };
+        let (core, keys, member) = (
+            Arc::clone(self.core),
+            self.keys.to_vec(),
+            self.member.to_owned(),
+        );
+        runtime.spawn(async move {
+            let leaving = keys
+                .iter()
+                .map(|keys| core.backend().leave(Kind::Exclusive, keys, &member));
+            // Best effort: a place not given up expires after WAITER_TIMEOUT.
+            let _ = join_all(leaving).await;
+        });
+    }
+}

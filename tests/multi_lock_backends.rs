@@ -1,0 +1,335 @@
+//! Several keys at once on every backend but one server (`multi_lock.rs`):
+//! a Redis Cluster with names sharing a hash tag (one script) and names on
+//! different primaries (key by key), a quorum of three nodes (key by key),
+//! with processes locking [x, y] and [y, x], and acquisitions dropped while
+//! nodes are stalled.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+use lock_runtime::{Client, Config, Lock, LockError};
+use test_support::{Proxy, RedisCluster};
+
+fn cluster_url(cluster: &RedisCluster) -> String {
+    let hosts: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect();
+    format!("redis-cluster://{}", hosts.join(","))
+}
+
+fn keyslot(cluster: &RedisCluster, key: &str) -> u16 {
+    let reply = test_support::command(cluster.ports()[0], &["CLUSTER", "KEYSLOT", key]).unwrap();
+    value(&reply).unwrap().parse().unwrap()
+}
+
+/// The primary holding the lock `name`.
+fn primary_of(cluster: &RedisCluster, name: &str) -> u16 {
+    let slot = keyslot(cluster, &format!("lock:{{{name}}}"));
+    cluster.primary_of_slot(slot).unwrap()
+}
+
+/// Two names whose locks live on different primaries.
+fn apart(cluster: &RedisCluster) -> (String, String) {
+    let first = "cross:0".to_owned();
+    let home = primary_of(cluster, &first);
+    let second = (1..100)
+        .map(|i| format!("cross:{i}"))
+        .find(|name| primary_of(cluster, name) != home)
+        .unwrap();
+    (first, second)
+}
+
+/// The value of `key` on the primary that holds it.
+fn get_on(cluster: &RedisCluster, key: &str) -> Option<String> {
+    let primary = cluster.primary_of_slot(keyslot(cluster, key)).unwrap();
+    value(&cluster.command(primary, &["GET", key]).unwrap())
+}
+
+fn fields(line: &str) -> std::collections::HashMap<String, u64> {
+    let (head, _) = line.split_once('|').unwrap_or((line, ""));
+    head.split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.parse().unwrap()))
+        .collect()
+}
+
+/// Two worker processes on `url` locking [x, y] and [y, x] `rounds` times
+/// each (bookkeeping on `bookkeeping`): no wait runs out, no overlap.
+fn x_y_and_y_x(url: &str, bookkeeping: &RedisServer, x: &str, y: &str, rounds: u64) {
+    let rounds_arg = rounds.to_string();
+    let mut workers: Vec<Process> = [[x, y], [y, x]]
+        .iter()
+        .map(|names| {
+            Process::spawn_with_env(
+                env!("CARGO_BIN_EXE_lock-worker"),
+                &["multi-rounds", &rounds_arg, "1", names[0], names[1]],
+                Some(url),
+                &[("BOOKKEEPING_URL", &bookkeeping.url())],
+            )
+        })
+        .collect();
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+    for worker in &mut workers {
+        worker.send("go");
+    }
+    for worker in &mut workers {
+        let line = worker.line(Duration::from_secs(600));
+        let done = fields(&line);
+        assert_eq!((done["rounds"], done["errors"]), (rounds, 0), "{line}");
+    }
+    assert_eq!(value(&redis(bookkeeping, &["GET", "multi:overlaps"])), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = Client::new(Config::new(cluster_url(&cluster))).unwrap();
+
+    // A shared hash tag: one slot, one script, one token in both keys.
+    let tagged = Lock::all(["{bank}:a", "{bank}:b"]).client(client.clone());
+    let guard = tagged.try_acquire().await.unwrap();
+    let tokens: Vec<&str> = guard.locks().map(|lock| lock.token()).collect();
+    assert_eq!(tokens[0], tokens[1]);
+    assert_eq!(
+        get_on(&cluster, "lock:{{bank}:b}").as_deref(),
+        Some(tokens[0])
+    );
+    guard.release().await.unwrap();
+
+    // Renewed, the set's keys go to their primary in one round trip each
+    // tick.
+    let before = client.renewal_stats();
+    Lock::all(["{bank}:r1", "{bank}:r2", "{bank}:r3"])
+        .ttl(Duration::from_millis(300))
+        .renew()
+        .client(client.clone())
+        .run(tokio::time::sleep(Duration::from_millis(1_200)))
+        .await
+        .unwrap();
+    let after = client.renewal_stats();
+    let (sent, trips) = (
+        after.renewals_sent - before.renewals_sent,
+        after.round_trips - before.round_trips,
+    );
+    assert!(trips >= 2, "{trips} round trips");
+    assert_eq!(sent, 3 * trips, "{sent} renewals in {trips} round trips");
+
+    // Names on two primaries: key by key, a token each.
+    let (x, y) = apart(&cluster);
+    let set = Lock::all([y.clone(), x.clone()])
+        .fencing()
+        .wait(Duration::from_secs(20))
+        .client(client.clone());
+    let guard = set.try_acquire().await.unwrap();
+    let tokens: Vec<String> = guard.locks().map(|lock| lock.token().to_owned()).collect();
+    assert_ne!(tokens[0], tokens[1]);
+    let fence = guard.fencing_token().unwrap();
+    assert!(guard
+        .locks()
+        .all(|lock| lock.fencing_token() == Some(fence)));
+    // Each key's fence was raised to the set's token.
+    for name in [&x, &y] {
+        let stored = get_on(&cluster, &format!("lock:{{{name}}}:fence")).unwrap();
+        assert_eq!(stored.parse::<u64>().unwrap(), fence, "{name}");
+    }
+    guard.release().await.unwrap();
+
+    // One key busy: nothing is kept; a waiter gets the set once it is free.
+    let held = Lock::new(y.clone())
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(set.try_acquire().await.unwrap_err().is_busy());
+    assert_eq!(get_on(&cluster, &format!("lock:{{{x}}}")), None);
+    let waiting = {
+        let set = set.clone();
+        tokio::spawn(async move { set.acquire().await })
+    };
+    let queue = format!("lock:{{{y}}}:queue");
+    wait_until_async("the set waits in y's queue", LINE_TIMEOUT, || {
+        let primary = primary_of(&cluster, &y);
+        cluster.command(primary, &["EXISTS", &queue]).unwrap() == ":1\r\n"
+    })
+    .await;
+    // Waiting for y, it holds nothing.
+    assert_eq!(get_on(&cluster, &format!("lock:{{{x}}}")), None);
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token().unwrap() > fence);
+    guard.release().await.unwrap();
+
+    // `from == to` across the key-by-key path too: one lock.
+    let same = Lock::all([x.clone(), x.clone()])
+        .wait(Duration::from_secs(1))
+        .client(client.clone());
+    same.acquire().await.unwrap().release().await.unwrap();
+
+    // Processes locking [x, y] and [y, x], on two primaries and in one slot.
+    let bookkeeping = RedisServer::start();
+    x_y_and_y_x(&cluster_url(&cluster), &bookkeeping, &x, &y, 200);
+    redis(&bookkeeping, &["FLUSHALL"]);
+    x_y_and_y_x(&cluster_url(&cluster), &bookkeeping, "{t}:x", "{t}:y", 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_takes_a_set_key_by_key() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let set = Lock::all(["qb", "qa"])
+        .fencing()
+        .wait(Duration::from_secs(20))
+        .client(client.clone());
+    let guard = set.try_acquire().await.unwrap();
+    let fence = guard.fencing_token().unwrap();
+    guard.release().await.unwrap();
+
+    let held = Lock::new("qb")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(matches!(
+        set.try_acquire().await.unwrap_err(),
+        LockError::Busy { name } if name == "qb"
+    ));
+    for node in &nodes {
+        assert_eq!(
+            value(&redis(node, &["EXISTS", "lock:{qa}"])).as_deref(),
+            Some("0")
+        );
+    }
+    let waiting = {
+        let set = set.clone();
+        tokio::spawn(async move { set.acquire().await })
+    };
+    wait_until_async("the set waits for qb", LINE_TIMEOUT, || {
+        nodes.iter().all(|node| {
+            value(&redis(node, &["EXISTS", "lock:{qb}:tickets"])).as_deref() == Some("1")
+        })
+    })
+    .await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token().unwrap() > fence);
+    guard.release().await.unwrap();
+
+    let bookkeeping = RedisServer::start();
+    x_y_and_y_x(&quorum_url(&nodes), &bookkeeping, "qx", "qy", 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<Proxy> = nodes.iter().map(|node| Proxy::start(node.port())).collect();
+    let url = format!(
+        "redis-quorum://{}",
+        proxies
+            .iter()
+            .map(|proxy| format!("127.0.0.1:{}", proxy.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let client = Client::new(
+        Config::new(url)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let set = Lock::all(["sa", "sb"])
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(30))
+        .client(client.clone());
+    set.try_acquire().await.unwrap().release().await.unwrap();
+    let free = |nodes: &[RedisServer]| {
+        nodes.iter().all(|node| {
+            ["lock:{sa}", "lock:{sb}"]
+                .iter()
+                .all(|key| value(&redis(node, &["EXISTS", key])).as_deref() == Some("0"))
+        })
+    };
+
+    // Dropped while it waits for `sb` (holding nothing, in `sb`'s line on
+    // every node): its place in line is given up.
+    let held_b = Lock::new("sb")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let in_line = |nodes: &[RedisServer]| {
+        nodes
+            .iter()
+            .filter(|node| {
+                value(&redis(node, &["EXISTS", "lock:{sb}:tickets"])).as_deref() == Some("1")
+            })
+            .count()
+    };
+    let acquiring = {
+        let set = set.clone();
+        tokio::spawn(async move { set.acquire().await })
+    };
+    wait_until_async("the set waits for sb", LINE_TIMEOUT, || {
+        in_line(&nodes) == 3
+    })
+    .await;
+    acquiring.abort();
+    let _ = acquiring.await;
+    wait_until_async("the set left sb's line", LINE_TIMEOUT, || {
+        in_line(&nodes) == 0
+    })
+    .await;
+    held_b.release().await.unwrap();
+    assert!(free(&nodes));
+
+    // Dropped mid-attempt: two nodes stall, so the attempt on `sa` (which
+    // the third node granted) waits for a majority; dropped then, and the
+    // stalled nodes get its commands only after.
+    let scripts = |node: &RedisServer| command_calls(node, "evalsha") + command_calls(node, "eval");
+    let before: Vec<u64> = nodes.iter().map(scripts).collect();
+    proxies[1].stall();
+    proxies[2].stall();
+    let acquiring = {
+        let set = set.clone();
+        tokio::spawn(async move { set.acquire().await })
+    };
+    wait_until_async("the first node granted sa", LINE_TIMEOUT, || {
+        value(&redis(&nodes[0], &["EXISTS", "lock:{sa}"])).as_deref() == Some("1")
+    })
+    .await;
+    acquiring.abort();
+    let _ = acquiring.await;
+    proxies[1].resume();
+    proxies[2].resume();
+    // The stalled nodes get the attempt late, then its give-back (the same
+    // connection keeps their order): nothing is left once both landed.
+    wait_until_async(
+        "the late attempt and its give-back landed",
+        Duration::from_secs(60),
+        || (1..3).all(|node| scripts(&nodes[node]) >= before[node] + 2),
+    )
+    .await;
+    wait_until_async(
+        "no lock of the set is left",
+        Duration::from_secs(60),
+        || free(&nodes),
+    )
+    .await;
+    // And the set is free for the next taker.
+    set.try_acquire().await.unwrap().release().await.unwrap();
+}

@@ -1,0 +1,8 @@
+use lock_runtime::distributed_lock;
+
+#[distributed_lock(key = ["account:<from>", "account:<too>"])]
+async fn transfer(from: u64, to: u64) {
+    let _ = (from, to);
+}
+
+fn main() {}
