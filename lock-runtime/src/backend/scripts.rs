@@ -201,6 +201,52 @@ pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> =
 pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_leave.lua")]], 1 << 19));
 
+/// The helpers of the quorum scripts of read/write locks and semaphores.
+const QUORUM_SHARED_HELPERS: [(&str, &str); 3] = [
+    lua!("publish.lua"),
+    lua!("tickets.lua"),
+    lua!("quorum_shared.lua"),
+];
+
+/// `lua/quorum_rw_acquire.lua`: one node's part of an attempt over a quorum
+/// for a read share or the write side.
+pub(crate) static QUORUM_RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_rw_acquire.lua")]],
+        1 << 20,
+    )
+});
+
+/// `lua/quorum_semaphore_acquire.lua`: one node's part of an attempt over a
+/// quorum for a semaphore's permits (named slots).
+pub(crate) static QUORUM_SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[
+            &QUORUM_SHARED_HELPERS,
+            &[lua!("quorum_semaphore_acquire.lua")],
+        ],
+        1 << 21,
+    )
+});
+
+/// `lua/quorum_shared_release.lua`: the release (or a failed attempt's
+/// give-back) of a share, a writer or permits on one node of a quorum.
+pub(crate) static QUORUM_SHARED_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_shared_release.lua")]],
+        1 << 23,
+    )
+});
+
+/// `lua/quorum_shared_leave.lua`: a waiter of a shared kind over a quorum
+/// gives up its place on one node.
+pub(crate) static QUORUM_SHARED_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_shared_leave.lua")]],
+        1 << 24,
+    )
+});
+
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("release_keeping.lua")]], 4));
@@ -319,8 +365,12 @@ pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
 
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 21] {
+pub(crate) fn all() -> [&'static LuaScript; 25] {
     [
+        &QUORUM_RW_ACQUIRE,
+        &QUORUM_SEMAPHORE_ACQUIRE,
+        &QUORUM_SHARED_RELEASE,
+        &QUORUM_SHARED_LEAVE,
         &ACQUIRE,
         &RELEASE,
         &QUORUM_ACQUIRE,

@@ -32,6 +32,7 @@
 
 mod attempt;
 mod nodes;
+mod slots;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -139,7 +140,12 @@ impl Backend for QuorumBackend {
             // others still get it. An exclusive lock's release wakes the
             // first waiter queued on each node (`hold_at_least` keeps the
             // key: nobody to wake).
-            let waking = kind == Kind::Exclusive && keep_ms == 0;
+            // A read share's, a writer's or a semaphore holder's release
+            // wakes the first waiter in line if it could enter now; a
+            // writer's `hold_at_least` keeps the writer key as the
+            // exclusive lock's does.
+            let waking = keep_ms == 0;
+            let kind = if keep_ms > 0 { Kind::Exclusive } else { kind };
             let shared = Arc::new((keys.clone(), token.to_owned()));
             let deadline = self.deadline;
             let mut releases: FuturesUnordered<_> = (0..self.nodes.len())
@@ -149,7 +155,7 @@ impl Backend for QuorumBackend {
                         let (node, (keys, token)) = (&nodes[i].redis, &*shared);
                         let release = async {
                             if waking {
-                                node.release_waking(keys, token, "").await
+                                node.release_waking(kind, keys, token, "").await
                             } else {
                                 node.release(kind, keys, token, keep_ms).await
                             }
@@ -267,10 +273,9 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<(), LockError>> {
         // Out of the line on every node that answers; a node that does not
         // drops the place when its refresh deadline passes.
-        let _ = kind; // exclusive locks only over a quorum
         Box::pin(async move {
             join_all(self.nodes.iter().map(|node| {
-                tokio::time::timeout(self.deadline, node.redis.leave_line(keys, member))
+                tokio::time::timeout(self.deadline, node.redis.leave_line(kind, keys, member))
             }))
             .await;
             Ok(())
