@@ -8,6 +8,7 @@
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
 //! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
+//! cargo run --release -p lock-bench -- redlock-shared [--pairs 2000]
 //! ```
 //!
 //! `redlock-degraded` runs copies of this binary as its contenders, in the
@@ -20,6 +21,7 @@ mod implementations;
 mod process_usage;
 mod redlock;
 mod redlock_degraded;
+mod redlock_shared;
 mod renewal;
 mod target;
 
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Some("acknowledged") => acknowledged::main(&args[1..]),
         Some("redlock") => redlock::main(&args[1..]),
         Some("redlock-degraded") => redlock_degraded::main(&args[1..]),
+        Some("redlock-shared") => redlock_shared::main(&args[1..]),
         Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
         _ => {
             eprintln!(
@@ -42,7 +45,8 @@ fn main() -> ExitCode {
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
                  lock-bench redlock [--pairs 2000] [--sections 500]\n       \
-                 lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]"
+                 lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
+                 lock-bench redlock-shared [--pairs 2000]"
             );
             ExitCode::FAILURE
         }
