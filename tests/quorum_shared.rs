@@ -484,3 +484,177 @@ fn processes_exclude_each_other_with_a_node_stopped() {
     let most: u32 = get("exports:max-inside").unwrap().parse().unwrap();
     assert!(most <= 2, "{most} permits of 2 held at once");
 }
+
+/// A writer's `hold_at_least` over a quorum keeps the writer key (as
+/// `kept:<token>`) on the nodes after its release: readers stay out until
+/// it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_writer_keeps_readers_out() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let writer = RwLock::new("kept")
+        .write()
+        .hold_at_least(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    writer.release().await.unwrap();
+    let kept = nodes
+        .iter()
+        .filter(|node| {
+            value(&redis(node, &["GET", "lock:{kept}:rw"]))
+                .is_some_and(|held| held.starts_with("kept:"))
+        })
+        .count();
+    assert!(kept >= 2, "kept on {kept} nodes");
+    let reader = RwLock::new("kept")
+        .read()
+        .client(client.clone())
+        .try_acquire()
+        .await;
+    assert!(matches!(reader, Err(LockError::Busy { .. })), "{reader:?}");
+}
+
+/// A node's script on its own (EVAL on one redis-server).
+mod scripts {
+    use super::*;
+    use redis::Value;
+
+    macro_rules! script {
+        ($($file:literal),+) => {
+            concat!($(include_str!(concat!("../lock-runtime/src/backend/lua/", $file))),+)
+        };
+    }
+    const RW: &str = script!(
+        "publish.lua",
+        "tickets.lua",
+        "quorum_shared.lua",
+        "quorum_rw_acquire.lua"
+    );
+    const SEMAPHORE: &str = script!(
+        "publish.lua",
+        "tickets.lua",
+        "quorum_shared.lua",
+        "quorum_semaphore_acquire.lua"
+    );
+
+    /// One node's part of a try (no line, no deferring, no limit): the
+    /// reply's numbers, and its `used` slots when it has them.
+    fn attempt(
+        node: &RedisServer,
+        script: &str,
+        keys: &[&str],
+        value: &str,
+        tail: &[&str],
+    ) -> Value {
+        let mut con = redis::Client::open(node.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("EVAL")
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(value)
+            .arg(&["10000", "0", "2000", "0", "0", "", "0", "0", "0"])
+            .arg(tail)
+            .query(&mut con)
+            .unwrap()
+    }
+
+    fn code(reply: &Value) -> (i64, i64) {
+        match reply {
+            Value::Array(items) => match (&items[0], &items[1]) {
+                (Value::Int(a), Value::Int(b)) => (*a, *b),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const RW_KEYS: [&str; 5] = [
+        "lock:{s}:rw",
+        "lock:{s}:rw:fence",
+        "lock:{s}:rw:tickets",
+        "lock:{s}:rw:waiters",
+        "lock:{s}:rw:readers",
+    ];
+    const SEM_KEYS: [&str; 4] = [
+        "lock:{s}:sem",
+        "lock:{s}:sem:fence",
+        "lock:{s}:sem:tickets",
+        "lock:{s}:sem:waiters",
+    ];
+
+    /// A reader's later attempt replaces its earlier share; an earlier
+    /// attempt's call that lands late is refused with nothing written.
+    #[test]
+    fn a_later_read_attempt_replaces_an_earlier_share_never_the_reverse() {
+        let node = RedisServer::start();
+        assert_eq!(
+            code(&attempt(&node, RW, &RW_KEYS, "t|q00000002", &["r"])).0,
+            1
+        );
+        assert_eq!(
+            code(&attempt(&node, RW, &RW_KEYS, "t|q00000001", &["r"])),
+            (0, -3),
+            "an earlier attempt landing late"
+        );
+        assert_eq!(members(&node, RW_KEYS[4]), ["t|q00000002"]);
+        assert_eq!(
+            code(&attempt(&node, RW, &RW_KEYS, "t|q00000003", &["r"])).0,
+            1
+        );
+        assert_eq!(members(&node, RW_KEYS[4]), ["t|q00000003"]);
+        // A writer is refused beside the share, with the share's expiry.
+        let (granted, hint) = code(&attempt(&node, RW, &RW_KEYS, "w|q00000001", &["w"]));
+        assert_eq!(granted, 0);
+        assert!((9000..=10000).contains(&hint), "{hint}");
+    }
+
+    /// Slots: a holder's slot is refused to another (its slots reported),
+    /// another slot is granted while the capacity allows, a holder's later
+    /// attempt replaces its earlier slots, never the reverse.
+    #[test]
+    fn a_semaphore_node_grants_named_slots() {
+        let node = RedisServer::start();
+        let sem = |value: &str| attempt(&node, SEMAPHORE, &SEM_KEYS, value, &["1", "2"]);
+        assert_eq!(code(&sem("a|q00000001|s0")).0, 1);
+        let refused = sem("b|q00000001|s0");
+        assert_eq!(
+            code(&refused),
+            (0, -2),
+            "k slots free here, not the one asked for"
+        );
+        let Value::Array(items) = &refused else {
+            panic!()
+        };
+        assert_eq!(
+            items[4],
+            Value::BulkString(b"0".to_vec()),
+            "the slots taken here"
+        );
+        assert_eq!(code(&sem("b|q00000002|s1")).0, 1);
+        // Full: the hint is the earliest holder's expiry.
+        let (granted, hint) = code(&sem("c|q00000001|s0"));
+        assert_eq!(granted, 0);
+        assert!((9000..=10000).contains(&hint), "{hint}");
+        assert_eq!(
+            code(&sem("b|q00000001|s1")),
+            (0, -3),
+            "an earlier attempt landing late"
+        );
+        assert_eq!(
+            code(&sem("b|q00000003|s1")).0,
+            1,
+            "a later attempt replaces"
+        );
+        let held: Vec<String> = members(&node, SEM_KEYS[0]);
+        assert_eq!(held.len(), 3, "{held:?}");
+        assert!(held.contains(&"1|b|q00000003|s1".to_owned()), "{held:?}");
+        // Another capacity is refused.
+        let other = attempt(&node, SEMAPHORE, &SEM_KEYS, "d|q00000001|s0", &["1", "3"]);
+        assert_eq!(code(&other), (-3, 2));
+    }
+}

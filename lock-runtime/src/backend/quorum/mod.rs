@@ -144,8 +144,9 @@ impl Backend for QuorumBackend {
             // wakes the first waiter in line if it could enter now; a
             // writer's `hold_at_least` keeps the writer key as the
             // exclusive lock's does.
-            let waking = keep_ms == 0;
-            let kind = if keep_ms > 0 { Kind::Exclusive } else { kind };
+            let keeping = keep_ms > 0 && matches!(kind, Kind::Exclusive | Kind::Write);
+            let waking = !keeping;
+            let kind = if keeping { Kind::Exclusive } else { kind };
             let shared = Arc::new((keys.clone(), token.to_owned()));
             let deadline = self.deadline;
             let mut releases: FuturesUnordered<_> = (0..self.nodes.len())
