@@ -353,12 +353,22 @@ impl QuorumBackend {
                 if join {
                     learn(place, &said, quorum);
                 }
-                if let Kind::Semaphore {
+            }
+            if let (
+                Some(place),
+                Kind::Semaphore {
                     capacity, permits, ..
-                } = request.kind
-                {
-                    slots::learn(Some(place), &said_taken(&said), capacity, permits);
-                }
+                },
+            ) = (place, request.kind)
+            {
+                slots::learn(
+                    place,
+                    &said_taken(&said),
+                    said.len(),
+                    quorum,
+                    capacity,
+                    permits,
+                );
             }
             let pause = pause(place, &said);
             tracing::trace!(

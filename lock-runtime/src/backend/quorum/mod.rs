@@ -46,6 +46,7 @@ use self::nodes::{answered, Nodes, Silence};
 use super::RedisBackend;
 use super::{
     Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
+    WaitPlace,
 };
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
@@ -55,6 +56,10 @@ use crate::keys::LockKeys;
 /// that failed their last call, and the others.
 const DOWN_PATIENCE: Duration = Duration::from_millis(10);
 const UP_PATIENCE: Duration = Duration::from_millis(50);
+
+/// Attempts of a semaphore's try, at most: the first asks for slots at
+/// random, the others for slots the nodes reported free.
+const SLOT_ROUNDS: u32 = 3;
 
 pub(crate) struct QuorumBackend {
     nodes: Arc<Nodes>,
@@ -122,7 +127,31 @@ impl Backend for QuorumBackend {
         &'a self,
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
-        Box::pin(self.attempt(request))
+        Box::pin(async move {
+            if !matches!(request.kind, Kind::Semaphore { .. }) || request.place.is_some() {
+                return self.attempt(request).await;
+            }
+            // A semaphore's try (or a waiter's first attempt) asks for slots
+            // at random: when the nodes report other slots free on a
+            // majority, it asks again for those at once, so that a try is
+            // not `Busy` only because it guessed taken slots.
+            let local = WaitPlace::default();
+            let mut round = 0;
+            loop {
+                let outcome = self
+                    .attempt(AcquireRequest {
+                        place: Some(&local),
+                        ..request
+                    })
+                    .await;
+                round += 1;
+                match outcome {
+                    Ok(Acquire::Busy { .. }) if round < SLOT_ROUNDS && slots::promising(&local) => {
+                    }
+                    outcome => return outcome,
+                }
+            }
+        })
     }
 
     fn release<'a>(

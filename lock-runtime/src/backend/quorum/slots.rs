@@ -25,6 +25,7 @@ pub(super) fn ask(place: Option<&WaitPlace>, capacity: u32, permits: u32) -> Str
                 .slots
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
+                .0
                 .clone()
         })
         .filter(|slots| slots.len() == permits as usize);
@@ -40,11 +41,29 @@ pub(super) fn ask(place: Option<&WaitPlace>, capacity: u32, permits: u32) -> Str
 
 /// Remembers the slots for the next attempt: those reported taken by the
 /// fewest refusing nodes (none, if k are free everywhere), from a random
-/// start.
-pub(super) fn learn(place: Option<&WaitPlace>, taken: &[&[u32]], capacity: u32, permits: u32) {
-    let Some(place) = place else { return };
+/// start; and whether each could be free on a majority of the `nodes`
+/// (reported taken by at most `nodes - quorum`: an attempt settles once it
+/// can no longer hold, before every node answered, so those not heard from
+/// count as free; then another attempt right away may well hold).
+pub(super) fn learn(
+    place: &WaitPlace,
+    taken: &[&[u32]],
+    nodes: usize,
+    quorum: usize,
+    capacity: u32,
+    permits: u32,
+) {
     let slots = choose(taken, capacity, permits, random_below(capacity));
-    *place.slots.lock().unwrap_or_else(PoisonError::into_inner) = slots;
+    let reported = |slot: u32| taken.iter().filter(|node| node.contains(&slot)).count();
+    let promising = slots
+        .iter()
+        .all(|&slot| nodes.saturating_sub(reported(slot)) >= quorum);
+    *place.slots.lock().unwrap_or_else(PoisonError::into_inner) = (slots, promising);
+}
+
+/// Whether the slots remembered looked free on a majority.
+pub(super) fn promising(place: &WaitPlace) -> bool {
+    place.slots.lock().unwrap_or_else(PoisonError::into_inner).1
 }
 
 /// k slots of 0..capacity, fewest reports first, from `start` on.
