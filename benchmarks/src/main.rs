@@ -10,6 +10,7 @@
 //! cargo run --release -p lock-bench -- redlock [--pairs 2000] [--sections 500]
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
 //! cargo run --release -p lock-bench -- sentinel [--pairs 20000] [--rounds 20]
+//! cargo run --release -p lock-bench -- redlock-shared [--pairs 2000]
 //! ```
 //!
 //! `redlock-degraded` runs copies of this binary as its contenders, in the
@@ -23,6 +24,7 @@ mod multi;
 mod process_usage;
 mod redlock;
 mod redlock_degraded;
+mod redlock_shared;
 mod renewal;
 mod sentinel;
 mod target;
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         Some("multi") => multi::main(&args[1..]),
         Some("redlock") => redlock::main(&args[1..]),
         Some("redlock-degraded") => redlock_degraded::main(&args[1..]),
+        Some("redlock-shared") => redlock_shared::main(&args[1..]),
         Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
         Some("sentinel") => sentinel::main(&args[1..]),
         _ => {
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
                  lock-bench multi [--seconds 3]\n       \
                  lock-bench redlock [--pairs 2000] [--sections 500]\n       \
                  lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
+                 lock-bench redlock-shared [--pairs 2000]\n       \
                  lock-bench sentinel [--pairs 20000] [--rounds 20]"
             );
             ExitCode::FAILURE

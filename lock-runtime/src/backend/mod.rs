@@ -139,6 +139,10 @@ pub(crate) struct WaitPlace {
     /// everyone back; it stays out until an attempt is answered by a
     /// majority.
     pub(crate) out_of_line: AtomicBool,
+    /// A semaphore over a quorum: the slots its next attempt asks for,
+    /// chosen from what the nodes reported taken (empty: any), and whether
+    /// they looked free on a majority of the nodes that answered.
+    pub(crate) slots: std::sync::Mutex<(Vec<u32>, bool)>,
 }
 
 /// What an acquire attempt found.

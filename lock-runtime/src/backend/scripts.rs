@@ -182,7 +182,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 /// `lua/acquire_all.lua`: take every lock of a set whose keys share a
 /// node (and a slot), or none; or join every one's queue.
 pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[&[lua!("prune.lua")], &[lua!("acquire_all.lua")]], 1 << 23));
+    LazyLock::new(|| LuaScript::new(&[&[lua!("prune.lua")], &[lua!("acquire_all.lua")]], 1 << 25));
 
 /// `lua/release.lua`: compare-and-delete, waking the marked waiter.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
@@ -205,6 +205,52 @@ pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> =
 /// node.
 pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_leave.lua")]], 1 << 19));
+
+/// The helpers of the quorum scripts of read/write locks and semaphores.
+const QUORUM_SHARED_HELPERS: [(&str, &str); 3] = [
+    lua!("publish.lua"),
+    lua!("tickets.lua"),
+    lua!("quorum_shared.lua"),
+];
+
+/// `lua/quorum_rw_acquire.lua`: one node's part of an attempt over a quorum
+/// for a read share or the write side.
+pub(crate) static QUORUM_RW_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_rw_acquire.lua")]],
+        1 << 20,
+    )
+});
+
+/// `lua/quorum_semaphore_acquire.lua`: one node's part of an attempt over a
+/// quorum for a semaphore's permits (named slots).
+pub(crate) static QUORUM_SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[
+            &QUORUM_SHARED_HELPERS,
+            &[lua!("quorum_semaphore_acquire.lua")],
+        ],
+        1 << 21,
+    )
+});
+
+/// `lua/quorum_shared_release.lua`: the release (or a failed attempt's
+/// give-back) of a share, a writer or permits on one node of a quorum.
+pub(crate) static QUORUM_SHARED_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_shared_release.lua")]],
+        1 << 23,
+    )
+});
+
+/// `lua/quorum_shared_leave.lua`: a waiter of a shared kind over a quorum
+/// gives up its place on one node.
+pub(crate) static QUORUM_SHARED_LEAVE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&QUORUM_SHARED_HELPERS, &[lua!("quorum_shared_leave.lua")]],
+        1 << 24,
+    )
+});
 
 /// `lua/release_keeping.lua`: the `hold_at_least` release.
 pub(crate) static RELEASE_KEEPING: LazyLock<LuaScript> =
@@ -324,8 +370,12 @@ pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
 
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 22] {
+pub(crate) fn all() -> [&'static LuaScript; 26] {
     [
+        &QUORUM_RW_ACQUIRE,
+        &QUORUM_SEMAPHORE_ACQUIRE,
+        &QUORUM_SHARED_RELEASE,
+        &QUORUM_SHARED_LEAVE,
         &ACQUIRE,
         &ACQUIRE_ALL,
         &RELEASE,

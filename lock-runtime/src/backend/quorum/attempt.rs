@@ -29,7 +29,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::nodes::{answered, Nodes, Silence};
-use super::QuorumBackend;
+use super::{slots, QuorumBackend};
 use crate::backend::redis_backend::{Ballot, Vote, VoteKind};
 use crate::backend::{Acquire, AcquireRequest, Kind, WaitPlace};
 use crate::error::{ConfigError, LockError};
@@ -91,7 +91,18 @@ impl QuorumBackend {
         // until an attempt is answered by a majority.
         let join =
             request.join && !place.is_some_and(|place| place.out_of_line.load(Ordering::Relaxed));
+        let number = attempt_number(place);
+        let value = match request.kind {
+            Kind::Semaphore {
+                capacity, permits, ..
+            } => {
+                let slots = slots::ask(place, capacity, permits);
+                format!("{}|q{number:08x}|s{slots}", request.token)
+            }
+            _ => format!("{}|q{number:08x}", request.token),
+        };
         let ballot = Arc::new(Ballot {
+            kind: request.kind,
             keys: request.keys.clone(),
             // The holder's token and the attempt's number: release and
             // renewal match the token as a prefix, the give-back of a
@@ -99,7 +110,7 @@ impl QuorumBackend {
             // a node late cannot delete a later attempt's grant; and a node
             // lets a later attempt replace an earlier one's grant, never the
             // reverse (an earlier attempt's call may land late).
-            value: format!("{}|q{:08x}", request.token, attempt_number(place)),
+            value,
             member: request.member.to_owned(),
             ttl_ms: request.ttl_ms,
             fence_retention_ms: request.fence_retention_ms,
@@ -242,6 +253,13 @@ impl QuorumBackend {
                 }
             }
         }
+        if let Some(error) = config_error(&mut said) {
+            // A node refused the semaphore's capacity: the caller's error,
+            // not the nodes' (any grant elsewhere is given back).
+            self.give_back_everywhere(&ballot);
+            self.finish_in_background(pending, Arc::clone(&ballot), timeout, cut_short);
+            return Err(error);
+        }
         self.clock.read(started, &said);
         let ttl = Duration::from_millis(request.ttl_ms);
         let valid = || started.elapsed() + drift(request.ttl_ms) < ttl;
@@ -335,6 +353,22 @@ impl QuorumBackend {
                 if join {
                     learn(place, &said, quorum);
                 }
+            }
+            if let (
+                Some(place),
+                Kind::Semaphore {
+                    capacity, permits, ..
+                },
+            ) = (place, request.kind)
+            {
+                slots::learn(
+                    place,
+                    &said_taken(&said),
+                    said.len(),
+                    quorum,
+                    capacity,
+                    permits,
+                );
             }
             let pause = pause(place, &said);
             tracing::trace!(
@@ -476,9 +510,12 @@ impl QuorumBackend {
                 if !refused {
                     let _ = tokio::time::timeout(
                         timeout.max(DOWN_NODE_PATIENCE),
-                        node_ref
-                            .redis
-                            .release_waking(&ballot.keys, &ballot.value, &ballot.member),
+                        node_ref.redis.release_waking(
+                            ballot.kind,
+                            &ballot.keys,
+                            &ballot.value,
+                            &ballot.member,
+                        ),
                     )
                     .await;
                 }
@@ -504,9 +541,12 @@ impl QuorumBackend {
         let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(ballot));
         tokio::spawn(async move {
             futures_util::future::join_all(owed.iter().map(|&node| {
-                nodes[node]
-                    .redis
-                    .release_waking(&ballot.keys, &ballot.value, &ballot.member)
+                nodes[node].redis.release_waking(
+                    ballot.kind,
+                    &ballot.keys,
+                    &ballot.value,
+                    &ballot.member,
+                )
             }))
             .await;
         });
@@ -518,7 +558,7 @@ impl QuorumBackend {
         tokio::spawn(async move {
             futures_util::future::join_all(nodes.iter().map(|node| {
                 node.redis
-                    .release_waking(&ballot.keys, &ballot.value, &ballot.member)
+                    .release_waking(ballot.kind, &ballot.keys, &ballot.value, &ballot.member)
             }))
             .await;
         });
@@ -534,11 +574,10 @@ impl QuorumBackend {
         }
         let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(ballot));
         tokio::spawn(async move {
-            futures_util::future::join_all(
-                nodes
-                    .iter()
-                    .map(|node| node.redis.leave_line(&ballot.keys, &ballot.member)),
-            )
+            futures_util::future::join_all(nodes.iter().map(|node| {
+                node.redis
+                    .leave_line(ballot.kind, &ballot.keys, &ballot.member)
+            }))
             .await;
         });
     }
@@ -664,14 +703,6 @@ fn pause(place: Option<&WaitPlace>, said: &[Said]) -> Duration {
 
 /// The checks made before anything is sent.
 fn check(request: &AcquireRequest<'_>) -> Result<(), LockError> {
-    if request.kind != Kind::Exclusive {
-        return Err(ConfigError::Unsupported {
-            name: request.keys.name().to_owned(),
-            reason: "read/write locks and semaphores are not available over a quorum (RedLock) \
-                     yet; use an exclusive lock",
-        }
-        .into());
-    }
     if request.fair {
         return Err(ConfigError::Unsupported {
             name: request.keys.name().to_owned(),
@@ -846,4 +877,31 @@ pub(super) fn undecided(
         )
         .into(),
     )
+}
+
+/// Takes a node's refusal of the caller's options (a semaphore's capacity)
+/// out of what the nodes said.
+fn config_error(said: &mut [Said]) -> Option<LockError> {
+    let at = said
+        .iter()
+        .position(|said| matches!(said, Said::Silent(Silence::Failed(LockError::Config(_)))))?;
+    match std::mem::replace(&mut said[at], Said::Open) {
+        Said::Silent(Silence::Failed(error)) => Some(error),
+        _ => None,
+    }
+}
+
+/// The slots each refusing node reported taken (a semaphore's).
+fn said_taken(said: &[Said]) -> Vec<&[u32]> {
+    said.iter()
+        .filter_map(|said| match said {
+            Said::Voted(
+                VoteKind::Refused {
+                    taken: Some(taken), ..
+                },
+                _,
+            ) => Some(taken.as_slice()),
+            _ => None,
+        })
+        .collect()
 }

@@ -32,6 +32,7 @@
 
 mod attempt;
 mod nodes;
+mod slots;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -45,6 +46,7 @@ use self::nodes::{answered, Nodes, Silence};
 use super::RedisBackend;
 use super::{
     Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
+    WaitPlace,
 };
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
@@ -54,6 +56,10 @@ use crate::keys::LockKeys;
 /// that failed their last call, and the others.
 const DOWN_PATIENCE: Duration = Duration::from_millis(10);
 const UP_PATIENCE: Duration = Duration::from_millis(50);
+
+/// Attempts of a semaphore's try, at most: the first asks for slots at
+/// random, the others for slots the nodes reported free.
+const SLOT_ROUNDS: u32 = 3;
 
 pub(crate) struct QuorumBackend {
     nodes: Arc<Nodes>,
@@ -146,7 +152,31 @@ impl Backend for QuorumBackend {
         &'a self,
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
-        Box::pin(self.attempt(request))
+        Box::pin(async move {
+            if !matches!(request.kind, Kind::Semaphore { .. }) || request.place.is_some() {
+                return self.attempt(request).await;
+            }
+            // A semaphore's try (or a waiter's first attempt) asks for slots
+            // at random: when the nodes report other slots free on a
+            // majority, it asks again for those at once, so that a try is
+            // not `Busy` only because it guessed taken slots.
+            let local = WaitPlace::default();
+            let mut round = 0;
+            loop {
+                let outcome = self
+                    .attempt(AcquireRequest {
+                        place: Some(&local),
+                        ..request
+                    })
+                    .await;
+                round += 1;
+                match outcome {
+                    Ok(Acquire::Busy { .. }) if round < SLOT_ROUNDS && slots::promising(&local) => {
+                    }
+                    outcome => return outcome,
+                }
+            }
+        })
     }
 
     fn release<'a>(
@@ -164,7 +194,13 @@ impl Backend for QuorumBackend {
             // others still get it. An exclusive lock's release wakes the
             // first waiter queued on each node (`hold_at_least` keeps the
             // key: nobody to wake).
-            let waking = kind == Kind::Exclusive && keep_ms == 0;
+            // A read share's, a writer's or a semaphore holder's release
+            // wakes the first waiter in line if it could enter now; a
+            // writer's `hold_at_least` keeps the writer key as the
+            // exclusive lock's does.
+            let keeping = keep_ms > 0 && matches!(kind, Kind::Exclusive | Kind::Write);
+            let waking = !keeping;
+            let kind = if keeping { Kind::Exclusive } else { kind };
             let shared = Arc::new((keys.clone(), token.to_owned()));
             let deadline = self.deadline;
             let mut releases: FuturesUnordered<_> = (0..self.nodes.len())
@@ -174,7 +210,7 @@ impl Backend for QuorumBackend {
                         let (node, (keys, token)) = (&nodes[i].redis, &*shared);
                         let release = async {
                             if waking {
-                                node.release_waking(keys, token, "").await
+                                node.release_waking(kind, keys, token, "").await
                             } else {
                                 node.release(kind, keys, token, keep_ms).await
                             }
@@ -292,10 +328,9 @@ impl Backend for QuorumBackend {
     ) -> BoxFuture<'a, Result<(), LockError>> {
         // Out of the line on every node that answers; a node that does not
         // drops the place when its refresh deadline passes.
-        let _ = kind; // exclusive locks only over a quorum
         Box::pin(async move {
             join_all(self.nodes.iter().map(|node| {
-                tokio::time::timeout(self.deadline, node.redis.leave_line(keys, member))
+                tokio::time::timeout(self.deadline, node.redis.leave_line(kind, keys, member))
             }))
             .await;
             Ok(())

@@ -8,21 +8,22 @@ use std::time::{Duration, Instant};
 
 use super::{found, RedisBackend};
 use crate::backend::scripts::{
-    evalsha, run, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
+    evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
+    QUORUM_RW_ACQUIRE, QUORUM_SEMAPHORE_ACQUIRE, QUORUM_SHARED_LEAVE, QUORUM_SHARED_RELEASE,
 };
-use crate::backend::Release;
-use crate::error::LockError;
+use crate::backend::{Kind, Release};
+use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
 /// One node's answer to its part of an attempt over a quorum, and the
 /// node's clock (µs) when it answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Vote {
     pub(crate) kind: VoteKind,
     pub(crate) clock_us: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum VoteKind {
     /// Granted (or found granted to this attempt by an earlier try of the
     /// same call), with the node's fencing token when one was asked for.
@@ -40,6 +41,8 @@ pub(crate) enum VoteKind {
         ticket: u64,
         /// The caller is first in line here.
         first: bool,
+        /// A semaphore's slots held here by others.
+        taken: Option<Vec<u32>>,
     },
 }
 
@@ -51,8 +54,10 @@ const NO_EXPIRY: Duration = Duration::from_secs(3600);
 /// calls to nodes that have not answered when the attempt settles can go on
 /// in the background.
 pub(crate) struct Ballot {
+    pub(crate) kind: Kind,
     pub(crate) keys: LockKeys,
-    /// The attempt's value, `<token>|q<attempt>`.
+    /// The attempt's value, `<token>|q<attempt>` (a semaphore's:
+    /// `<token>|q<attempt>|s<slot>,<slot>,...`, the slots it asks for).
     pub(crate) value: String,
     /// The caller's entry in the line (`<channel>|<token>`).
     pub(crate) member: String,
@@ -76,13 +81,26 @@ impl RedisBackend {
     pub(crate) async fn vote(&self, ballot: &Ballot, not_after_us: u64) -> Result<Vote, LockError> {
         let keys = &ballot.keys;
         let retention_ms = ballot.fence_retention_ms.unwrap_or(0);
-        let bytes = 4 * keys.lock.len() + 40 + ballot.value.len() + 80 + ballot.member.len();
-        let mut cmd = evalsha(&QUORUM_ACQUIRE, 4, 14, bytes);
+        let bytes = 5 * keys.lock.len() + 60 + ballot.value.len() + 80 + ballot.member.len();
+        let script: &LuaScript = match ballot.kind {
+            Kind::Exclusive => &QUORUM_ACQUIRE,
+            Kind::Read | Kind::Write => &QUORUM_RW_ACQUIRE,
+            Kind::Semaphore { .. } => &QUORUM_SEMAPHORE_ACQUIRE,
+        };
+        let key_count = if matches!(ballot.kind, Kind::Read | Kind::Write) {
+            5
+        } else {
+            4
+        };
+        let mut cmd = evalsha(script, key_count, 16, bytes);
         cmd.arg(&keys.lock)
             .arg(keys.fence())
             .arg(keys.tickets())
-            .arg(keys.waiters())
-            .arg(&ballot.value)
+            .arg(keys.waiters());
+        if key_count == 5 {
+            cmd.arg(keys.readers());
+        }
+        cmd.arg(&ballot.value)
             .arg(ballot.ttl_ms)
             .arg(retention_ms)
             .arg(ballot.waiter_timeout_ms)
@@ -90,40 +108,73 @@ impl RedisBackend {
             .arg(u8::from(ballot.respect))
             .arg(&ballot.member);
         let (cmd, scripts) = (&cmd, self.connection.scripts());
-        self.call(keys.name(), "acquire", |mut connection, number| {
+        let reply = self.call(keys.name(), "acquire", |mut connection, number| {
             // A retry of this call recognises a lock its first try took.
             let mut cmd = cmd.clone();
             cmd.arg(u8::from(ballot.mine || number > 0))
                 .arg(ballot.ticket)
                 .arg(not_after_us);
-            async move {
-                let reply: Vec<i64> = run(&QUORUM_ACQUIRE, &cmd, &mut connection, scripts).await?;
-                let at = |i: usize| reply.get(i).copied().unwrap_or(-1);
-                let clock_us = reply.last().copied().unwrap_or(0).max(0) as u64;
-                let kind = if at(0) == 1 {
-                    VoteKind::Granted {
-                        fence: ballot.fence_retention_ms.map(|_| at(1) as u64),
-                    }
-                } else if at(1) == -3 {
-                    VoteKind::TooLate
-                } else {
-                    VoteKind::Refused {
-                        // -2: free here (another is first in line); -1: a
-                        // key with no expiry (not one of ours): held, for
-                        // as long as anyone can tell.
-                        held_for: match at(1) {
-                            -2 => None,
-                            -1 => Some(NO_EXPIRY),
-                            ms => Some(Duration::from_millis(ms.max(0) as u64)),
-                        },
-                        ticket: at(2).max(0) as u64,
-                        first: at(3) == 1,
-                    }
-                };
-                Ok(Vote { kind, clock_us })
+            match ballot.kind {
+                Kind::Read => {
+                    cmd.arg("r");
+                }
+                Kind::Write => {
+                    cmd.arg("w");
+                }
+                Kind::Semaphore {
+                    capacity, permits, ..
+                } => {
+                    cmd.arg(permits).arg(capacity);
+                }
+                Kind::Exclusive => {}
             }
+            async move { run::<Vec<redis::Value>>(script, &cmd, &mut connection, scripts).await }
         })
-        .await
+        .await?;
+        let at = |i: usize| match reply.get(i) {
+            Some(redis::Value::Int(value)) => *value,
+            _ => -1,
+        };
+        let clock_us = at(reply.len().saturating_sub(1)).max(0) as u64;
+        if let (
+            -3 | -4,
+            Kind::Semaphore {
+                capacity, permits, ..
+            },
+        ) = (at(0), ballot.kind)
+        {
+            return Err(semaphore_refusal(keys, at(0), at(1), capacity, permits));
+        }
+        let kind = if at(0) == 1 {
+            VoteKind::Granted {
+                fence: ballot.fence_retention_ms.map(|_| at(1) as u64),
+            }
+        } else if at(1) == -3 {
+            VoteKind::TooLate
+        } else {
+            VoteKind::Refused {
+                // -2: free here (another is first in line); -1: a key with
+                // no expiry (not one of ours): held, for as long as anyone
+                // can tell.
+                held_for: match at(1) {
+                    -2 => None,
+                    -1 => Some(NO_EXPIRY),
+                    ms => Some(Duration::from_millis(ms.max(0) as u64)),
+                },
+                ticket: at(2).max(0) as u64,
+                first: at(3) == 1,
+                taken: match reply.get(4) {
+                    Some(redis::Value::BulkString(taken)) if reply.len() > 5 => Some(
+                        String::from_utf8_lossy(taken)
+                            .split(',')
+                            .filter_map(|slot| slot.parse().ok())
+                            .collect(),
+                    ),
+                    _ => None,
+                },
+            }
+        };
+        Ok(Vote { kind, clock_us })
     }
 
     /// The release of an exclusive lock on one node of a quorum, or the
@@ -132,29 +183,39 @@ impl RedisBackend {
     /// (unless that is `own`, the giver's own entry).
     pub(crate) async fn release_waking(
         &self,
+        kind: Kind,
         keys: &LockKeys,
         token: &str,
         own: &str,
     ) -> Result<Release, LockError> {
+        let script: &LuaScript = if kind == Kind::Exclusive {
+            &QUORUM_RELEASE
+        } else {
+            &QUORUM_SHARED_RELEASE
+        };
+        let shared = kind != Kind::Exclusive;
         let mut cmd = evalsha(
-            &QUORUM_RELEASE,
-            4,
-            6,
-            4 * keys.lock.len() + token.len() + own.len() + 40,
+            script,
+            4 + usize::from(shared),
+            7,
+            5 * keys.lock.len() + token.len() + own.len() + 48,
         );
         cmd.arg(&keys.lock)
             .arg(keys.fence())
             .arg(keys.tickets())
-            .arg(keys.waiters())
-            .arg(token)
-            .arg(own);
+            .arg(keys.waiters());
+        shared_tail(&mut cmd, kind, keys);
+        cmd.arg(token).arg(own);
+        if shared {
+            cmd.arg(mode(kind));
+        }
         let (cmd, scripts) = (&cmd, self.connection.scripts());
         self.call(
             keys.name(),
             "release",
             |mut connection, attempt| async move {
                 let sent_at = Instant::now();
-                let code = self.told(run(&QUORUM_RELEASE, cmd, &mut connection, scripts).await?);
+                let code = self.told(run(script, cmd, &mut connection, scripts).await?);
                 Ok(Release {
                     found: found(code),
                     woke: code == 2,
@@ -168,19 +229,35 @@ impl RedisBackend {
 
     /// A waiter over a quorum leaves the line on this node
     /// (`quorum_leave.lua`).
-    pub(crate) async fn leave_line(&self, keys: &LockKeys, member: &str) -> Result<(), LockError> {
-        let mut cmd = evalsha(&QUORUM_LEAVE, 4, 5, 4 * keys.lock.len() + member.len() + 40);
+    pub(crate) async fn leave_line(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        member: &str,
+    ) -> Result<(), LockError> {
+        let script: &LuaScript = if kind == Kind::Exclusive {
+            &QUORUM_LEAVE
+        } else {
+            &QUORUM_SHARED_LEAVE
+        };
+        let mut cmd = evalsha(
+            script,
+            4 + usize::from(kind != Kind::Exclusive),
+            6,
+            5 * keys.lock.len() + member.len() + 40,
+        );
         cmd.arg(&keys.lock)
             .arg(keys.fence())
             .arg(keys.tickets())
-            .arg(keys.waiters())
-            .arg(member);
+            .arg(keys.waiters());
+        shared_tail(&mut cmd, kind, keys);
+        cmd.arg(member);
         let (cmd, scripts) = (&cmd, self.connection.scripts());
         self.call(
             keys.name(),
             "leave the queue",
             |mut connection, _| async move {
-                run::<Told>(&QUORUM_LEAVE, cmd, &mut connection, scripts)
+                run::<Told>(script, cmd, &mut connection, scripts)
                     .await
                     .map(|told| self.told(told))
             },
@@ -209,5 +286,58 @@ impl RedisBackend {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// A shared kind's fifth key: the readers of a read/write lock, or a
+/// semaphore's permits again (its scripts read KEYS[5] only for readers).
+fn shared_tail(cmd: &mut redis::Cmd, kind: Kind, keys: &LockKeys) {
+    match kind {
+        Kind::Exclusive => {}
+        Kind::Read | Kind::Write => {
+            cmd.arg(keys.readers());
+        }
+        Kind::Semaphore { .. } => {
+            cmd.arg(&keys.lock);
+        }
+    }
+}
+
+/// What a shared kind's release removes: `w` the writer key, `r` a read
+/// share, k a semaphore holder of k permits.
+fn mode(kind: Kind) -> String {
+    match kind {
+        Kind::Write => "w".to_owned(),
+        Kind::Semaphore { permits, .. } => permits.to_string(),
+        _ => "r".to_owned(),
+    }
+}
+
+/// A node's refusal of a semaphore's capacity (`-3`: held with another
+/// capacity; `-4`: more permits asked for than there are).
+fn semaphore_refusal(
+    keys: &LockKeys,
+    code: i64,
+    value: i64,
+    capacity: u32,
+    permits: u32,
+) -> LockError {
+    let name = keys.name().to_owned();
+    if code == -3 {
+        ConfigError::PermitsMismatch {
+            name,
+            held: value.max(0) as u64,
+            asked: u64::from(capacity),
+        }
+        .into()
+    } else {
+        ConfigError::InvalidLockOption {
+            name,
+            option: "permits",
+            reason: format!(
+                "the semaphore has {capacity} permits; {permits} can never be taken at once"
+            ),
+        }
+        .into()
     }
 }
