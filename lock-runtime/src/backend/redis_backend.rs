@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use redis::{Cmd, Value};
 
 use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
@@ -109,25 +109,30 @@ impl RedisBackend {
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
             .call(|link, number| {
+                // Without acknowledged mode (the common case) the attempt's
+                // own future, unwrapped: every async layer around it would
+                // hold it twice (as its argument and as what it awaits),
+                // and the box `Backend::acquire` puts it in would outgrow
+                // the allocator's cache of small blocks (see `acquire_once`).
+                let Some(ack) = ack else {
+                    return Either::Left(attempt(link, number));
+                };
                 let main = link.clone();
-                let (link, borrowed) = self.for_call(link, ack);
+                let (link, borrowed) = self.for_call(link, Some(ack));
                 // Nudged past its `WAIT`'s timeout: on one server, on an
                 // open connection of the pool (`ack_pool.rs`).
-                let nudge = ack.filter(|_| {
-                    !self.cluster
-                        && borrowed
-                            .as_ref()
-                            .is_some_and(|borrowed| !borrowed.is_fresh())
-                });
+                let nudge = !self.cluster
+                    && borrowed
+                        .as_ref()
+                        .is_some_and(|borrowed| !borrowed.is_fresh());
                 let call = on_borrowed(borrowed, attempt(link, number));
-                async move {
-                    match nudge {
-                        // Boxed: acknowledged mode's nudge must not size
-                        // every call's future (see `acquire_once`).
-                        Some(ack) => Box::pin(nudged(ack, main, call)).await,
-                        None => call.await,
+                Either::Right(Box::pin(async move {
+                    if nudge {
+                        nudged(ack, main, call).await
+                    } else {
+                        call.await
                     }
-                }
+                }))
             })
             .await
             .map_err(|source| LockError::redis(name, operation, source))
@@ -160,7 +165,10 @@ impl RedisBackend {
         // box of `Backend::acquire`) copies all of it. Unboxed, the
         // uncontended exclusive acquire carried the scripts' futures too:
         // 4.6 KB copied several times per acquisition, a third of the
-        // client CPU it spent beyond hand-written `redis` code (W2).
+        // client CPU it spent beyond hand-written `redis` code (W2). With
+        // `call`'s layers gone from the common path it is 728 bytes, and
+        // its box is one the allocator serves from its per-thread cache
+        // (glibc's: blocks up to 1 KB). docs/benchmarks.md, "Client CPU".
         match request.kind {
             Kind::Exclusive if plain => self.set_if_free(request).await,
             Kind::Exclusive => {
