@@ -240,7 +240,10 @@ pub struct LockInfo {
     pub waiters: u64,
     /// The last fencing token handed out for it, while its fence key lives
     /// (a minute, or the ttl if longer, after each acquisition with
-    /// `fencing`); `None` if it was never taken with `fencing` lately.
+    /// `fencing`); `None` if it was never taken with `fencing` lately. Over
+    /// a quorum, the largest token a majority of its nodes have reached (a
+    /// node that granted a late attempt may keep a larger number that no
+    /// holder was given).
     pub fencing_token: Option<u64>,
     /// A semaphore's capacity while anybody holds it.
     pub capacity: Option<u32>,
@@ -788,9 +791,10 @@ fn merge(read: Vec<LockInfo>, nodes: usize) -> Option<LockInfo> {
     let mut read = read.into_iter();
     let mut merged = read.next()?;
     merged.nodes = nodes;
+    let mut fences: Vec<u64> = merged.fencing_token.into_iter().collect();
     for lock in read {
         merged.waiters = merged.waiters.max(lock.waiters);
-        merged.fencing_token = merged.fencing_token.max(lock.fencing_token);
+        fences.extend(lock.fencing_token);
         merged.capacity = merged.capacity.or(lock.capacity);
         for holder in lock.holders {
             match merged
@@ -809,11 +813,25 @@ fn merge(read: Vec<LockInfo>, nodes: usize) -> Option<LockInfo> {
             }
         }
     }
+    merged.fencing_token = majority_fence(fences, nodes);
     // The holders found on most nodes first.
     merged
         .holders
         .sort_by_key(|holder| std::cmp::Reverse(holder.nodes));
     Some(merged)
+}
+
+/// The last fencing token a quorum of `nodes` handed out: the largest value
+/// a majority of its nodes have reached. An acquisition's write-back raises
+/// a majority to its token, but a node that granted a late attempt (after
+/// the write-back, or one given back) counts on from its own clock, to a
+/// number no holder was given: the largest value alone would show that.
+/// With fewer nodes keeping a fence, the largest one kept; on one server,
+/// its value.
+fn majority_fence(mut fences: Vec<u64>, nodes: usize) -> Option<u64> {
+    fences.sort_unstable_by(|a, b| b.cmp(a));
+    let majority = nodes / 2 + 1;
+    fences.get(majority - 1).or(fences.first()).copied()
 }
 
 #[cfg(test)]
@@ -966,5 +984,31 @@ mod tests {
         assert_eq!(holding[0].ttl, Some(Duration::from_millis(700)));
         let minority = merge(vec![on("aa", 900)], 3).unwrap();
         assert!(!minority.is_held());
+    }
+
+    /// The holder's token was written back to two nodes; the third granted
+    /// late and counted on from its own clock: the token shown is the
+    /// holder's, not the late node's larger number.
+    #[test]
+    fn a_quorum_shows_the_fence_a_majority_reached() {
+        let fenced = |fence: u64| {
+            let mut snapshot = Snapshot::default();
+            snapshot.exclusive.value = Some("aa|q0123abcd".to_owned());
+            snapshot.exclusive.pttl_ms = 900;
+            snapshot.exclusive.fence = Some(fence);
+            read_kind(&snapshot, LockKind::Exclusive, "n", "k").unwrap()
+        };
+        let merged = merge(vec![fenced(10), fenced(17), fenced(10)], 3).unwrap();
+        assert_eq!(merged.fencing_token, Some(10));
+        let five = merge(
+            vec![fenced(10), fenced(17), fenced(10), fenced(18), fenced(10)],
+            5,
+        )
+        .unwrap();
+        assert_eq!(five.fencing_token, Some(10));
+        // Only one node keeps a fence: the one it keeps.
+        assert_eq!(merge(vec![fenced(10)], 3).unwrap().fencing_token, Some(10));
+        // One server: its value.
+        assert_eq!(merge(vec![fenced(12)], 1).unwrap().fencing_token, Some(12));
     }
 }
