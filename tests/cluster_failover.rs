@@ -475,8 +475,11 @@ async fn a_killed_subscription_comes_back() {
     })
     .await;
     let killed = test_support::command(primary, &["CLIENT", "KILL", "TYPE", "pubsub"]).unwrap();
+    // The one subscribed connection was killed: a listener on the channel
+    // from now on is a new connection. (Not checked as 0 listeners right
+    // after the kill: under load the client can be back first, failing 1
+    // whole-suite run in 2 beside busy loops.)
     assert_eq!(killed, ":1\r\n");
-    assert_eq!(shard_numsub(primary, &channel), 0);
     // Back on the waiter's channel before the release publishes there.
     wait_until_async("the subscription comes back", LINE_TIMEOUT, || {
         shard_numsub(primary, &channel) == 1
