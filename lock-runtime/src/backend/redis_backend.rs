@@ -185,25 +185,20 @@ impl RedisBackend {
                 ))
                 .await
             }
-            Kind::Read if plain => {
+            Kind::Read | Kind::Write if plain => {
                 Box::pin(async {
-                    if let Some(acquired) = self.lone_reader(request).await? {
-                        return Ok(acquired);
+                    let alone = if request.kind == Kind::Read {
+                        self.lone_reader(request).await?
+                    } else {
+                        self.lone_writer(request).await?
+                    };
+                    match alone {
+                        Some(acquired) => Ok(acquired),
+                        // Someone holds the writer key (a writer, a lone
+                        // reader, the gate of queued waiters), or shares or
+                        // waiters are there. The script decides.
+                        None => self.acquire_shared(request).await,
                     }
-                    // Someone holds the writer key (a writer, another lone
-                    // reader: this one then shares the ZSET, or the gate of
-                    // queued waiters), or waiters are queued. The script
-                    // decides.
-                    self.acquire_shared(request).await
-                })
-                .await
-            }
-            Kind::Write if plain => {
-                Box::pin(async {
-                    if let Some(acquired) = self.lone_writer(request).await? {
-                        return Ok(acquired);
-                    }
-                    self.acquire_shared(request).await
                 })
                 .await
             }
