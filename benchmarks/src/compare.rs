@@ -110,7 +110,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         report.push_str(&format!(
             "\n### W1: uncontended, one client, {pairs} lock + unlock pairs in sequence (interleaved in 100 rounds)\n\n"
         ));
-        report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        report.push_str("| implementation | pairs/s | × hand-written | pair p50 | pair p99 | Redis commands per pair (scripts' included) | client CPU per pair | Redis CPU per pair |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
         let w1: Vec<(Kind, Pairs)> = runtime.block_on(w1_interleaved(&server, pairs, &picked));
         let reference = w1
             .iter()
@@ -118,19 +118,20 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             .map_or(f64::NAN, |(_, result)| result.rate);
         for (kind, result) in &w1 {
             report.push_str(&format!(
-                "| {} | {:.0} | {:.2} | {:.3} ms | {:.3} ms | {:.1} | {:.1} µs |\n",
+                "| {} | {:.0} | {:.2} | {:.3} ms | {:.3} ms | {:.1} | {:.1} µs | {:.1} µs |\n",
                 kind.label(),
                 result.rate,
                 result.rate / reference,
                 result.p50.as_secs_f64() * 1e3,
                 result.p99.as_secs_f64() * 1e3,
                 result.commands,
+                result.client_cpu.as_secs_f64() * 1e6,
                 result.redis_cpu.as_secs_f64() * 1e6,
             ));
         }
         let ceiling = redis_benchmark(&server, 1, 1, pairs);
         report.push_str(&format!(
-        "| redis-benchmark `-c 1`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | 2 | |\n",
+        "| redis-benchmark `-c 1`: SET NX PX at {:.0}/s, EVALSHA at {:.0}/s | {:.0} | {:.2} | | | 2 | | |\n",
         ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
     ));
         let rate = |of: Kind| {
@@ -343,6 +344,7 @@ struct Pairs {
     p99: Duration,
     commands: f64,
     redis_cpu: Duration,
+    client_cpu: Duration,
 }
 
 /// W1 for every implementation, interleaved: 100 rounds, each running a
@@ -367,12 +369,14 @@ async fn w1_interleaved(
             Duration::ZERO,
             0u64,
             Duration::ZERO,
+            Duration::ZERO,
         ));
     }
     for _ in 0..ROUNDS {
-        for (_, key, locker, latencies, elapsed, commands_used, cpu) in &mut lockers {
+        for (_, key, locker, latencies, elapsed, commands_used, cpu, client_cpu) in &mut lockers {
             let commands_before = commands(server);
             let cpu_before = redis_cpu(server);
+            let client_before = cpu_time();
             let started = Instant::now();
             for _ in 0..pairs / ROUNDS {
                 let at = Instant::now();
@@ -380,6 +384,7 @@ async fn w1_interleaved(
                 latencies.push(at.elapsed());
             }
             *elapsed += started.elapsed();
+            *client_cpu += cpu_time() - client_before;
             *cpu += redis_cpu(server) - cpu_before;
             // The INFO call itself counts one command.
             *commands_used += (commands(server) - commands_before).saturating_sub(1);
@@ -388,16 +393,19 @@ async fn w1_interleaved(
     let done = (pairs / ROUNDS * ROUNDS) as f64;
     lockers
         .into_iter()
-        .map(|(kind, _, _, mut latencies, elapsed, commands_used, cpu)| {
-            let result = Pairs {
-                rate: done / elapsed.as_secs_f64(),
-                p50: percentile(&mut latencies, 0.5),
-                p99: percentile(&mut latencies, 0.99),
-                commands: commands_used as f64 / done,
-                redis_cpu: cpu / done as u32,
-            };
-            (kind, result)
-        })
+        .map(
+            |(kind, _, _, mut latencies, elapsed, commands_used, cpu, client_cpu)| {
+                let result = Pairs {
+                    rate: done / elapsed.as_secs_f64(),
+                    p50: percentile(&mut latencies, 0.5),
+                    p99: percentile(&mut latencies, 0.99),
+                    commands: commands_used as f64 / done,
+                    redis_cpu: cpu / done as u32,
+                    client_cpu: client_cpu / done as u32,
+                };
+                (kind, result)
+            },
+        )
         .collect()
 }
 

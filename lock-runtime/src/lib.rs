@@ -10,6 +10,19 @@
 // `Lock`, its guard), the client, the lease machinery every lock kind shares
 // (`lease`), and the backend (`backend`: every Redis call and its replies).
 // `admin` (inspection, force release: lockctl) sits beside the fronts.
+/// Awaits `$future` inside `$span` (entered at every poll), or bare when
+/// no subscriber wants the span: the wrapper (`Instrumented`) would move
+/// the whole future once more, on every acquire and release.
+macro_rules! in_span {
+    ($span:expr, $future:expr) => {
+        if $span.is_disabled() {
+            $future.await
+        } else {
+            tracing::Instrument::instrument($future, $span.clone()).await
+        }
+    };
+}
+
 mod backend;
 mod client;
 // After `client`: rustdoc lists `Client`'s own methods (`new`, ...) before

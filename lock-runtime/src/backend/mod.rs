@@ -449,4 +449,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn passes_in_process(&self) -> bool {
         true
     }
+
+    /// This backend as a [`RedisBackend`], if it is one: the hot path
+    /// (acquire, release) calls it directly, without the box each call
+    /// through the trait costs (an allocation per call, of a future too
+    /// large for the allocator's per-thread cache when many locks are in
+    /// flight: docs/benchmarks.md, "Client CPU").
+    fn as_redis(&self) -> Option<&RedisBackend> {
+        None
+    }
 }

@@ -357,46 +357,114 @@ fn found(code: i64) -> Found {
     }
 }
 
+impl RedisBackend {
+    /// [`Backend::acquire`], called directly: the lock's own calls on one
+    /// server, a cluster or Sentinel go here without the trait's box (see
+    /// [`Backend::as_redis`]).
+    pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        let outcome = self.acquire_once(&request).await;
+        let Some(ack) = self.ack else {
+            return outcome;
+        };
+        let confirmed = match &outcome {
+            Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {
+                Some(confirmed) => Some(confirmed),
+                None => return outcome,
+            },
+            // Found taken with this token after a call without an
+            // answer: the `WAIT` of this call may have run on another
+            // connection than the write, and then confirms nothing.
+            Ok(Acquire::Acquired { found: Some(_), .. }) => None,
+            _ => return outcome,
+        };
+        // Given back, if it was taken at all: `WAIT` follows the
+        // attempt whatever it did, so a busy lock (nothing written)
+        // also comes back unconfirmed. The release tells which.
+        let given_back = Backend::release(self, request.kind, request.keys, request.token, 0).await;
+        if confirmed.is_some() && matches!(&given_back, Ok(release) if release.found != Found::Mine)
+        {
+            return Ok(Acquire::Busy { expires_in: None });
+        }
+        // A failed release leaves the lock to its ttl.
+        Err(LockError::NotReplicated {
+            name: request.keys.name().to_owned(),
+            confirmed,
+            wanted: ack.replicas,
+            timeout: Duration::from_millis(ack.timeout_ms),
+        })
+    }
+
+    /// [`Backend::release`], called directly (see [`Backend::as_redis`]).
+    pub(crate) async fn release(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        token: &str,
+        keep_ms: u64,
+    ) -> Result<Release, LockError> {
+        if kind != Kind::Exclusive {
+            // Boxed: the shared kinds' scripts must not size the
+            // exclusive release's future (see `acquire_once`).
+            return Box::pin(self.call(
+                keys.name(),
+                "release",
+                |mut connection, attempt| async move {
+                    let sent_at = Instant::now();
+                    let (found, woke) = self
+                        .release_shared_waking(kind, keys, token, keep_ms, &mut connection)
+                        .await?;
+                    Ok(Release {
+                        found,
+                        woke,
+                        retried: attempt > 0,
+                        sent_at,
+                    })
+                },
+            ))
+            .await;
+        }
+        // Only the lock key: the wake mark in its value names the waiter
+        // to wake.
+        let script = if keep_ms > 0 {
+            &*RELEASE_KEEPING
+        } else {
+            &*RELEASE
+        };
+        let mut cmd = evalsha(script, 1, 3, keys.lock.len() + token.len() + 20);
+        cmd.arg(&keys.lock).arg(token);
+        if keep_ms > 0 {
+            cmd.arg(keep_ms);
+        }
+        let scripts = self.connection.scripts();
+        let cmd = &cmd;
+        self.call(
+            keys.name(),
+            "release",
+            |mut connection, attempt| async move {
+                let sent_at = Instant::now();
+                let code = self.told(run(script, cmd, &mut connection, scripts).await?);
+                Ok(Release {
+                    found: found(code),
+                    woke: code == 2,
+                    retried: attempt > 0,
+                    sent_at,
+                })
+            },
+        )
+        .await
+    }
+}
+
 impl Backend for RedisBackend {
     fn acquire<'a>(
         &'a self,
         request: AcquireRequest<'a>,
     ) -> BoxFuture<'a, Result<Acquire, LockError>> {
-        Box::pin(async move {
-            let outcome = self.acquire_once(&request).await;
-            let Some(ack) = self.ack else {
-                return outcome;
-            };
-            let confirmed = match &outcome {
-                Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {
-                    Some(confirmed) => Some(confirmed),
-                    None => return outcome,
-                },
-                // Found taken with this token after a call without an
-                // answer: the `WAIT` of this call may have run on another
-                // connection than the write, and then confirms nothing.
-                Ok(Acquire::Acquired { found: Some(_), .. }) => None,
-                _ => return outcome,
-            };
-            // Given back, if it was taken at all: `WAIT` follows the
-            // attempt whatever it did, so a busy lock (nothing written)
-            // also comes back unconfirmed. The release tells which.
-            let given_back = self
-                .release(request.kind, request.keys, request.token, 0)
-                .await;
-            if confirmed.is_some()
-                && matches!(&given_back, Ok(release) if release.found != Found::Mine)
-            {
-                return Ok(Acquire::Busy { expires_in: None });
-            }
-            // A failed release leaves the lock to its ttl.
-            Err(LockError::NotReplicated {
-                name: request.keys.name().to_owned(),
-                confirmed,
-                wanted: ack.replicas,
-                timeout: Duration::from_millis(ack.timeout_ms),
-            })
-        })
+        Box::pin(self.acquire(request))
+    }
+
+    fn as_redis(&self) -> Option<&RedisBackend> {
+        Some(self)
     }
 
     fn passes_in_process(&self) -> bool {
@@ -458,58 +526,7 @@ impl Backend for RedisBackend {
         token: &'a str,
         keep_ms: u64,
     ) -> BoxFuture<'a, Result<Release, LockError>> {
-        Box::pin(async move {
-            if kind != Kind::Exclusive {
-                // Boxed: the shared kinds' scripts must not size the
-                // exclusive release's future (see `acquire_once`).
-                return Box::pin(self.call(
-                    keys.name(),
-                    "release",
-                    |mut connection, attempt| async move {
-                        let sent_at = Instant::now();
-                        let (found, woke) = self
-                            .release_shared_waking(kind, keys, token, keep_ms, &mut connection)
-                            .await?;
-                        Ok(Release {
-                            found,
-                            woke,
-                            retried: attempt > 0,
-                            sent_at,
-                        })
-                    },
-                ))
-                .await;
-            }
-            // Only the lock key: the wake mark in its value names the waiter
-            // to wake.
-            let script = if keep_ms > 0 {
-                &*RELEASE_KEEPING
-            } else {
-                &*RELEASE
-            };
-            let mut cmd = evalsha(script, 1, 3, keys.lock.len() + token.len() + 20);
-            cmd.arg(&keys.lock).arg(token);
-            if keep_ms > 0 {
-                cmd.arg(keep_ms);
-            }
-            let scripts = self.connection.scripts();
-            let cmd = &cmd;
-            self.call(
-                keys.name(),
-                "release",
-                |mut connection, attempt| async move {
-                    let sent_at = Instant::now();
-                    let code = self.told(run(script, cmd, &mut connection, scripts).await?);
-                    Ok(Release {
-                        found: found(code),
-                        woke: code == 2,
-                        retried: attempt > 0,
-                        sent_at,
-                    })
-                },
-            )
-            .await
-        })
+        Box::pin(self.release(kind, keys, token, keep_ms))
     }
 
     fn leave<'a>(

@@ -5,8 +5,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::Instrument;
-
 use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};
 use crate::error::{ConfigError, LockError};
@@ -304,14 +302,16 @@ impl Lock {
     /// outcome is unknown is released in the background, and a waiter's place
     /// in the queue is given up.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
-        self.traced(self.take(Entry::Guard)).await
+        self.traced(|| self.take(Entry::Guard)).await
     }
 
-    /// `acquiring` inside the `lock.acquire` span, whose fields say how it
-    /// ended (the guide, "Tracing").
-    async fn traced(
+    /// The acquisition `acquiring` makes, inside the `lock.acquire` span,
+    /// whose fields say how it ended (the guide, "Tracing"). A closure, not
+    /// a future: this future then holds the acquisition's future once (as
+    /// what it awaits), not twice (also as its argument).
+    async fn traced<F: Future<Output = Result<LockGuard, LockError>>>(
         &self,
-        acquiring: impl Future<Output = Result<LockGuard, LockError>>,
+        acquiring: impl FnOnce() -> F,
     ) -> Result<LockGuard, LockError> {
         let span = tracing::info_span!(
             "lock.acquire",
@@ -322,12 +322,12 @@ impl Lock {
             lock.fencing_token = tracing::field::Empty,
         );
         let started = Instant::now();
-        let result = acquiring.instrument(span.clone()).await;
+        let result = in_span!(span, acquiring());
         let (waited, outcome) = (started.elapsed(), acquire_outcome(&result));
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
         crate::observe::acquisition(self.label(), outcome, waited);
-        if let Ok(guard) = &result {
+        if let (Ok(guard), false) = (&result, span.is_disabled()) {
             span.record(
                 "lock.holder",
                 tracing::field::display(guard.hold().token_head()),
@@ -434,7 +434,7 @@ impl Lock {
     ///
     /// As [`acquire`](Lock::acquire): a dropped attempt leaves no lock behind.
     pub async fn try_acquire(&self) -> Result<LockGuard, LockError> {
-        self.traced(async {
+        self.traced(|| async {
             let acquisition = self.prepare()?;
             if let Some(scope) = &acquisition.held {
                 return Box::pin(acquisition.reentered(scope, Entry::Guard)).await;
@@ -484,13 +484,13 @@ impl Lock {
     /// Dropping the future drops the body where it stands and releases the
     /// lock in the background (renewals stop first).
     pub async fn run<F: Future>(&self, body: F) -> Result<F::Output, LockError> {
-        let guard = self.traced(self.take(Entry::Body)).await?;
+        let guard = self.traced(|| self.take(Entry::Body)).await?;
         // The hold's span covers the release too: it records how the hold
         // ended, and a loss found by the release is logged inside it.
         let span = guard.hold_span();
         let output = guard.run_in(&span, body).await?;
         let hold = Arc::clone(guard.hold());
-        match guard.release().instrument(span.clone()).await {
+        match in_span!(span, guard.release()) {
             Ok(()) => {
                 span.record("lock.outcome", "released");
             }

@@ -312,6 +312,11 @@ impl Acquisition<'_> {
         let mut unknown = Unknown::new(self, &token);
         let respect = self.settings.fair;
         match self.attempt(&mut unknown, "", false, respect, None).await? {
+            // The token moves into the hold (no copy of it is made).
+            Attempt::Acquired(fence, found, None) => {
+                let (sent_at, expires_by, stalled) = unknown.settle(found);
+                Ok(self.guard(token, sent_at, expires_by, fence, stalled))
+            }
             Attempt::Acquired(fence, found, holds) => Ok(unknown.acquired(fence, found, holds)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 name: self.name.to_owned(),
@@ -522,7 +527,12 @@ impl Acquisition<'_> {
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
             place,
         };
-        let result = match self.core.backend().acquire(request).await {
+        let backend = self.core.backend();
+        let reply = match backend.as_redis() {
+            Some(redis) => redis.acquire(request).await,
+            None => backend.acquire(request).await,
+        };
+        let result = match reply {
             Ok(Acquire::Acquired {
                 fence,
                 found,
@@ -601,11 +611,28 @@ impl<'a> Unknown<'a> {
     /// attempt's send time: the hold counts as taken one ttl before that, so
     /// that its validity ends then and a renewal falls due at once.
     fn acquired(
-        mut self,
+        self,
         fence: Option<u64>,
         found: Option<Duration>,
         holds: Option<String>,
     ) -> LockGuard {
+        let (acquisition, token) = (self.acquisition, self.token);
+        let (sent_at, expires_by, stalled) = self.settle(found);
+        // The hold renews and releases the value the lock holds.
+        acquisition.guard(
+            holds.unwrap_or_else(|| token.to_owned()),
+            sent_at,
+            expires_by,
+            fence,
+            stalled,
+        )
+    }
+
+    /// The lock is taken: nothing is left to clean up. Returns when the key
+    /// was set (`found`: it was found taken with this token, with that much
+    /// ttl left), until when it lives at least, and whether an attempt
+    /// stalled.
+    fn settle(mut self, found: Option<Duration>) -> (Instant, Option<Instant>, bool) {
         self.open = false;
         let (sent_at, expires_by) = match found {
             None => (self.last_sent, None),
@@ -618,14 +645,7 @@ impl<'a> Unknown<'a> {
                 )
             }
         };
-        // The hold renews and releases the value the lock holds.
-        self.acquisition.guard(
-            holds.unwrap_or_else(|| self.token.to_owned()),
-            sent_at,
-            expires_by,
-            fence,
-            self.stalled,
-        )
+        (sent_at, expires_by, self.stalled)
     }
 }
 

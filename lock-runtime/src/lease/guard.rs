@@ -13,7 +13,6 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::Arc;
-use tracing::Instrument;
 
 /// What to do with the body when a renewed lock is lost.
 ///
@@ -189,16 +188,14 @@ impl LockGuard {
     ) -> Result<F::Output, LockError> {
         let hold = Arc::clone(self.hold());
         let stop_on_loss = hold.stop_on_loss;
-        watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body)
-            .instrument(span.clone())
-            .await
-            .map_err(|cause| {
-                lost_in(span, self.hold(), cause);
-                LockError::Lost {
-                    name: self.hold().name().to_owned(),
-                    cause,
-                }
-            })
+        let watched = watch(hold, stop_on_loss, self.is_reentrant(), self.reads(), body);
+        in_span!(span, watched).map_err(|cause| {
+            lost_in(span, self.hold(), cause);
+            LockError::Lost {
+                name: self.hold().name().to_owned(),
+                cause,
+            }
+        })
     }
 
     /// Waits until the lock is lost (never returns while it is held). For a
@@ -247,7 +244,7 @@ impl LockGuard {
         );
         let hold = Arc::clone(self.hold());
         let outermost = self.reentrant.is_none();
-        let result = self.release_traced().instrument(span.clone()).await;
+        let result = in_span!(span, self.release_traced());
         match &result {
             Ok(()) if outermost => {
                 crate::observe::hold_ended(hold.label(), "released", hold.acquired_at.elapsed())

@@ -116,8 +116,11 @@ impl Core {
     /// Whether this client handed `key` over to a waiter just now; if so, its
     /// next request should queue behind that waiter rather than race it.
     pub(crate) fn just_handed_over(&self, key: &str) -> bool {
-        self.handed_over_keys()
-            .remove(key)
-            .is_some_and(|at| at.elapsed() < HAND_OVER_WINDOW)
+        let mut handed_over = self.handed_over_keys();
+        // Mostly empty: no key to hash then.
+        !handed_over.is_empty()
+            && handed_over
+                .remove(key)
+                .is_some_and(|at| at.elapsed() < HAND_OVER_WINDOW)
     }
 }

@@ -21,11 +21,12 @@ use crate::lease::loss;
 pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockError> {
     hold.settled().await;
     let keep_ms = hold.keep_for().as_millis() as u64;
-    let reply = hold
-        .core
-        .backend()
-        .release(hold.kind, &hold.keys, &hold.token, keep_ms)
-        .await?;
+    let backend = hold.core.backend();
+    let (kind, keys, token) = (hold.kind, &hold.keys, hold.token.as_str());
+    let reply = match backend.as_redis() {
+        Some(redis) => redis.release(kind, keys, token, keep_ms).await,
+        None => backend.release(kind, keys, token, keep_ms).await,
+    }?;
     let answered = Instant::now();
     // An earlier attempt (of this call, or an earlier release) may have
     // done the work: finding the key gone or another's while the lock was
