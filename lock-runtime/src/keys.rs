@@ -13,7 +13,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Every Redis name one lock uses. Only the lock key is stored (a held lock
 /// keeps this for its lifetime); the others are derived when a script needs
 /// them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LockKeys {
     /// The lock itself: a string holding the holder's token, with the ttl.
     pub(crate) lock: String,

@@ -348,7 +348,7 @@ impl Lock {
             return Box::pin(acquisition.reentered(scope, entry)).await;
         }
         let Some(wait) = self.wait else {
-            return acquisition.once().await;
+            return acquisition.once_final().await;
         };
         let started = Instant::now();
         let respect = acquisition.respects_queue();
@@ -439,7 +439,7 @@ impl Lock {
             if let Some(scope) = &acquisition.held {
                 return Box::pin(acquisition.reentered(scope, Entry::Guard)).await;
             }
-            acquisition.once().await
+            acquisition.once_final().await
         })
         .await
     }

@@ -307,17 +307,40 @@ impl Acquisition<'_> {
         }
     }
 
+    /// One attempt, without waiting.
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
         let token = new_token(self.core.client_id())?;
-        let mut unknown = Unknown::new(self, &token);
+        match self.first_attempt(&token).await? {
+            Taken::Guard(guard) => Ok(guard),
+            // The token moves into the hold (no copy of it is made).
+            Taken::Plain(taken) => Ok(self.guard(token, taken)),
+        }
+    }
+
+    /// [`once`](Self::once), as the acquisition's last step: the hold it
+    /// takes gets the acquisition's keys, not a copy of them.
+    pub(crate) async fn once_final(mut self) -> Result<LockGuard, LockError> {
+        let token = new_token(self.core.client_id())?;
+        match self.first_attempt(&token).await? {
+            Taken::Guard(guard) => Ok(guard),
+            Taken::Plain(taken) => {
+                let keys = std::mem::take(&mut self.keys);
+                Ok(self.guard_with(keys, token, taken))
+            }
+        }
+    }
+
+    /// The attempt of [`once`](Self::once) with `token`. A lock taken
+    /// with the token as its value is left to the caller to make a guard
+    /// of; one whose value is another (a shared kind's) comes as a guard.
+    async fn first_attempt(&self, token: &str) -> Result<Taken, LockError> {
+        let mut unknown = Unknown::new(self, token);
         let respect = self.settings.fair;
         match self.attempt(&mut unknown, "", false, respect, None).await? {
-            // The token moves into the hold (no copy of it is made).
-            Attempt::Acquired(fence, found, None) => {
-                let (sent_at, expires_by, stalled) = unknown.settle(found);
-                Ok(self.guard(token, sent_at, expires_by, fence, stalled))
+            Attempt::Acquired(fence, found, None) => Ok(Taken::Plain(unknown.settle(found, fence))),
+            Attempt::Acquired(fence, found, holds) => {
+                Ok(Taken::Guard(unknown.acquired(fence, found, holds)))
             }
-            Attempt::Acquired(fence, found, holds) => Ok(unknown.acquired(fence, found, holds)),
             Attempt::Busy(_) => Err(LockError::Busy {
                 name: self.name.to_owned(),
             }),
@@ -429,19 +452,19 @@ impl Acquisition<'_> {
         }
     }
 
-    pub(crate) fn guard(
-        &self,
-        token: String,
-        sent_at: Instant,
-        expires_by: Option<Instant>,
-        fencing_token: Option<u64>,
-        linger: bool,
-    ) -> LockGuard {
+    pub(crate) fn guard(&self, token: String, taken: TakenAt) -> LockGuard {
+        self.guard_with(self.keys.clone(), token, taken)
+    }
+
+    /// [`guard`](Self::guard), the hold keeping `keys`.
+    fn guard_with(&self, keys: LockKeys, token: String, taken: TakenAt) -> LockGuard {
+        let fencing_token = taken.fence;
         tracing::debug!(lock = %self.name, ?fencing_token, "acquired");
         self.guard_for(Hold::new(Acquired {
-            linger,
-            expires_by,
-            ..self.acquired(token, sent_at, fencing_token)
+            linger: taken.stalled,
+            expires_by: taken.expires_by,
+            keys,
+            ..self.acquired(token, taken.sent_at, fencing_token)
         }))
     }
 
@@ -559,6 +582,25 @@ impl Acquisition<'_> {
     }
 }
 
+/// How a lock was taken: when the key was set (the attempt's send time, or
+/// earlier for a lock found already taken with the token), until when it
+/// lives at least (known when found), its fencing token, and whether an
+/// attempt stalled (a copy of it may still reach Redis).
+pub(crate) struct TakenAt {
+    pub(crate) sent_at: Instant,
+    pub(crate) expires_by: Option<Instant>,
+    pub(crate) fence: Option<u64>,
+    pub(crate) stalled: bool,
+}
+
+/// What [`Acquisition::first_attempt`] took.
+enum Taken {
+    /// The lock, its value the attempt's token.
+    Plain(TakenAt),
+    /// The lock, its guard made (its value is not the bare token).
+    Guard(LockGuard),
+}
+
 /// An acquisition's attempts whose outcome is unknown (failed or cancelled
 /// before an answer came: the lock may have been taken). Later attempts
 /// check whether the lock already holds the token; if the acquisition ends
@@ -617,22 +659,14 @@ impl<'a> Unknown<'a> {
         holds: Option<String>,
     ) -> LockGuard {
         let (acquisition, token) = (self.acquisition, self.token);
-        let (sent_at, expires_by, stalled) = self.settle(found);
+        let taken = self.settle(found, fence);
         // The hold renews and releases the value the lock holds.
-        acquisition.guard(
-            holds.unwrap_or_else(|| token.to_owned()),
-            sent_at,
-            expires_by,
-            fence,
-            stalled,
-        )
+        acquisition.guard(holds.unwrap_or_else(|| token.to_owned()), taken)
     }
 
-    /// The lock is taken: nothing is left to clean up. Returns when the key
-    /// was set (`found`: it was found taken with this token, with that much
-    /// ttl left), until when it lives at least, and whether an attempt
-    /// stalled.
-    fn settle(mut self, found: Option<Duration>) -> (Instant, Option<Instant>, bool) {
+    /// The lock is taken (`found`: it was found taken with this token, with
+    /// that much ttl left): nothing is left to clean up.
+    fn settle(mut self, found: Option<Duration>, fence: Option<u64>) -> TakenAt {
         self.open = false;
         let (sent_at, expires_by) = match found {
             None => (self.last_sent, None),
@@ -645,7 +679,12 @@ impl<'a> Unknown<'a> {
                 )
             }
         };
-        (sent_at, expires_by, self.stalled)
+        TakenAt {
+            sent_at,
+            expires_by,
+            fence,
+            stalled: self.stalled,
+        }
     }
 }
 

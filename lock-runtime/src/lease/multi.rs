@@ -19,7 +19,7 @@ use crate::backend::{retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, S
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::acquire::{
-    Acquisition, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH, WAITER_TIMEOUT,
+    Acquisition, TakenAt, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH, WAITER_TIMEOUT,
 };
 use crate::lease::guard::LockGuard;
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
@@ -363,10 +363,12 @@ impl SetUnknown<'_, '_> {
             .map(|member| {
                 member.guard(
                     self.token.to_owned(),
-                    sent_at,
-                    expires_by,
-                    fence,
-                    self.stalled,
+                    TakenAt {
+                        sent_at,
+                        expires_by,
+                        fence,
+                        stalled: self.stalled,
+                    },
                 )
             })
             .collect()
