@@ -948,37 +948,7 @@ async fn after_a_stalled_primary_is_failed_over_locks_work_again() {
         .try_acquire()
         .await;
     assert!(during.is_err(), "{during:?}");
-    // The replica takes over (cluster-node-timeout 2 s), and every node
-    // but the stalled one knows: its slot map gives the stalled primary's
-    // slots to the replica (any of them may be the one the client asks for
-    // the slot map; `cluster_state:ok` alone is also said by a node that
-    // has only flagged the stalled primary as possibly failing, and still
-    // maps its slots to it).
-    let replica_id = value(&test_support::command(replica, &["CLUSTER", "MYID"]).unwrap())
-        .expect("the replica's node id");
-    let deadline = Instant::now() + LINE_TIMEOUT;
-    loop {
-        let role = test_support::command(replica, &["ROLE"]).unwrap();
-        let views: Vec<String> = cluster
-            .ports()
-            .iter()
-            .filter(|&&port| port != stalled)
-            .map(|&port| test_support::command(port, &["CLUSTER", "NODES"]).unwrap())
-            .collect();
-        let serves = |nodes: &String| {
-            nodes.lines().any(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                fields.first() == Some(&replica_id.as_str())
-                    && fields.get(2).is_some_and(|flags| flags.contains("master"))
-                    && fields.len() > 8
-            })
-        };
-        if role.contains("master") && views.iter().all(serves) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no failover: {role} {views:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    failed_over(&cluster, stalled, replica).await;
 
     let mut outcomes = Vec::new();
     for name in [&healthy_name, &moved_name] {
@@ -1002,6 +972,62 @@ async fn after_a_stalled_primary_is_failed_over_locks_work_again() {
         "after the failover (every other node maps the stalled primary {stalled}'s slots to \
          the replica {replica}), locking still fails: {outcomes:?}"
     );
+}
+
+/// A call already waiting on a stalled primary when its replica takes
+/// over goes to the replica by itself: at half its deadline it fetches the
+/// slot map again, and finding it changed sends the call by the new map.
+/// Before, it waited on the stalled node until its deadline; and so did
+/// every call routed by a map fetched while the failover was under way
+/// (seen as a flake of the test above: a background release had fetched
+/// the map a moment before the failover showed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_on_a_stalled_primary_goes_to_the_replica_that_took_over() {
+    let cluster = RedisCluster::start(3, 1);
+    let stalled = cluster.primaries()[1];
+    let replica = cluster.replica_of(stalled).unwrap();
+    let name = name_on(&cluster, stalled, "moved");
+    // Half the deadline (12.5 s) is far longer than the failover takes
+    // (cluster-node-timeout 2 s): the call is still waiting when the new
+    // map shows.
+    let response_timeout = Duration::from_secs(24);
+    let client = Client::new(
+        Config::new(url_of(&cluster.ports()))
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(response_timeout),
+    )
+    .unwrap();
+    // The slot map is known, with a connection to the primary.
+    let guard = Lock::new(name.as_str())
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    let stopped = Stopped::stop(cluster.node(stalled).unwrap());
+    let call = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move {
+            let started = Instant::now();
+            let taken = Lock::new(name.as_str()).client(client).try_acquire().await;
+            (taken, started.elapsed())
+        }
+    });
+    failed_over(&cluster, stalled, replica).await;
+    let (taken, took) = call.await.unwrap();
+    let on_replica =
+        value(&test_support::command(replica, &["GET", &format!("lock:{{{name}}}")]).unwrap());
+    drop(stopped);
+    let guard = taken.unwrap_or_else(|error| {
+        panic!("the call waiting on the stalled primary failed after {took:?}: {error}")
+    });
+    assert!(
+        took < response_timeout,
+        "it took {took:?}, not about half of its deadline"
+    );
+    assert!(on_replica.is_some(), "the lock is not on the replica");
+    guard.release().await.unwrap();
 }
 
 /// Acknowledged mode on a cluster, a slot in migration (`IMPORTING` on the
@@ -1231,6 +1257,41 @@ async fn an_acknowledged_renewal_in_a_migrating_slot_follows_ask() {
 
 /// Sends SIGCONT to a stopped node when dropped (also when an assertion
 /// fails), so the cluster can shut down.
+/// Waits until the replica `replica` has taken over from the stalled
+/// primary `stalled` (cluster-node-timeout 2 s), and every node but the
+/// stalled one knows: its slot map gives the stalled primary's slots to the
+/// replica (any of them may be the one the client asks for the slot map;
+/// `cluster_state:ok` alone is also said by a node that has only flagged
+/// the stalled primary as possibly failing, and still maps its slots to
+/// it).
+async fn failed_over(cluster: &RedisCluster, stalled: u16, replica: u16) {
+    let replica_id = value(&test_support::command(replica, &["CLUSTER", "MYID"]).unwrap())
+        .expect("the replica's node id");
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    loop {
+        let role = test_support::command(replica, &["ROLE"]).unwrap();
+        let views: Vec<String> = cluster
+            .ports()
+            .iter()
+            .filter(|&&port| port != stalled)
+            .map(|&port| test_support::command(port, &["CLUSTER", "NODES"]).unwrap())
+            .collect();
+        let serves = |nodes: &String| {
+            nodes.lines().any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.first() == Some(&replica_id.as_str())
+                    && fields.get(2).is_some_and(|flags| flags.contains("master"))
+                    && fields.len() > 8
+            })
+        };
+        if role.contains("master") && views.iter().all(serves) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failover: {role} {views:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 struct Stopped<'a>(&'a RedisServer);
 
 impl<'a> Stopped<'a> {

@@ -149,6 +149,26 @@ impl Link {
         }
     }
 
+    /// On a cluster, the slot map its calls are routed by now (`Some(None)`:
+    /// none is known yet); `None` elsewhere.
+    fn routing_by(&self) -> Option<Option<Arc<Ranges>>> {
+        match self {
+            Link::Cluster(router) => Some(router.routing_by()),
+            Link::Acked(inner, _) => inner.routing_by(),
+            Link::Node(_) | Link::Sentinel(_) => None,
+        }
+    }
+
+    /// On a cluster, whether the slot map, fetched again now, differs from
+    /// `routed_by`.
+    async fn map_changed(&self, routed_by: Option<Arc<Ranges>>) -> bool {
+        match self {
+            Link::Cluster(router) => router.map_changed(routed_by).await,
+            Link::Acked(inner, _) => Box::pin(inner.map_changed(routed_by)).await,
+            Link::Node(_) | Link::Sentinel(_) => false,
+        }
+    }
+
     /// On a cluster, the slot map proved stale: fetched again when next
     /// needed.
     pub(crate) fn forget_slot_map(&self) {
@@ -339,16 +359,40 @@ impl Connection {
         loop {
             let current = self.current.load_full();
             let left = deadline.saturating_duration_since(Instant::now());
-            let error =
-                match tokio::time::timeout(left, attempt(current.manager.clone(), number)).await {
-                    Ok(Ok(value)) => return Ok(value),
-                    // A script's command refused by the ACL: named.
-                    Ok(Err(error)) => super::script_errors::explain(error),
-                    Err(_elapsed) => {
-                        self.replace(&current);
-                        return Err(timed_out(self.deadline));
+            // On a cluster, a call still unanswered at half its deadline
+            // checks the slot map: its node may be stalled, and its slots
+            // given to a replica meanwhile. A map fetched while a failover
+            // was under way (by another call) would otherwise send every
+            // call of those slots to the stalled node until one of them
+            // timed out.
+            let routed_by = current.manager.routing_by();
+            let first_wait = if routed_by.is_some() { left / 2 } else { left };
+            let mut call = std::pin::pin!(attempt(current.manager.clone(), number));
+            let waited = match tokio::time::timeout(first_wait, call.as_mut()).await {
+                Ok(reply) => Waited::Reply(reply),
+                Err(_elapsed) => match routed_by {
+                    Some(routed_by) => {
+                        Box::pin(after_half(&current.manager, routed_by, call, deadline)).await
                     }
-                };
+                    None => Waited::TimedOut,
+                },
+            };
+            let error = match waited {
+                Waited::Reply(Ok(value)) => return Ok(value),
+                // A script's command refused by the ACL: named.
+                Waited::Reply(Err(error)) => super::script_errors::explain(error),
+                // Sent again at once, by the new map (any attempt may be
+                // repeated; the one left behind went to a node that the
+                // cluster no longer has serve those slots).
+                Waited::MapChanged => {
+                    number += 1;
+                    continue;
+                }
+                Waited::TimedOut => {
+                    self.replace(&current);
+                    return Err(timed_out(self.deadline));
+                }
+            };
             // A refusal may be the answer to a reconnect made while the
             // server was down: one more try after a fresh reconnect.
             if !retryable(&error)
@@ -361,6 +405,48 @@ impl Connection {
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
             number += 1;
         }
+    }
+}
+
+/// How waiting for an attempt ended.
+enum Waited<T> {
+    Reply(RedisResult<T>),
+    /// On a cluster: unanswered at half the deadline, and the slot map has
+    /// changed since the attempt was routed.
+    MapChanged,
+    /// No answer within the deadline.
+    TimedOut,
+}
+
+/// A cluster call unanswered at half its deadline: the slot map is fetched
+/// again (every node asked at once, a stalled one passed over). If it
+/// changed since `routed_by`, the call is to be sent again by the new one;
+/// else the attempt is waited for until the deadline.
+async fn after_half<T, Fut>(
+    link: &Link,
+    routed_by: Option<Arc<Ranges>>,
+    mut call: std::pin::Pin<&mut Fut>,
+    deadline: Instant,
+) -> Waited<T>
+where
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let left = deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, link.map_changed(routed_by)).await {
+        Err(_elapsed) => return Waited::TimedOut,
+        // Answered meanwhile after all: that answer stands.
+        Ok(true) => {
+            return match futures_util::FutureExt::now_or_never(call.as_mut()) {
+                Some(reply) => Waited::Reply(reply),
+                None => Waited::MapChanged,
+            }
+        }
+        Ok(false) => {}
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, call).await {
+        Ok(reply) => Waited::Reply(reply),
+        Err(_elapsed) => Waited::TimedOut,
     }
 }
 

@@ -73,6 +73,24 @@ impl Router {
         self.table.store(None);
     }
 
+    /// The slot map calls are routed by now, if one is known.
+    pub(crate) fn routing_by(&self) -> Option<Arc<Ranges>> {
+        self.table
+            .load()
+            .as_ref()
+            .map(|table| Arc::clone(&table.ranges))
+    }
+
+    /// Whether the slot map differs from `routed_by` (the map a call was
+    /// routed by; `None`: none was known), the map fetched again now.
+    pub(crate) async fn map_changed(&self, routed_by: Option<Arc<Ranges>>) -> bool {
+        self.forget();
+        match self.ranges().await {
+            Ok(fresh) => routed_by.is_none_or(|before| *before != *fresh),
+            Err(_) => false,
+        }
+    }
+
     /// The slot map, fetched if not known.
     pub(crate) async fn ranges(&self) -> RedisResult<Arc<Ranges>> {
         Ok(Arc::clone(&self.table().await?.ranges))
