@@ -585,3 +585,52 @@ async fn with_every_sentinel_down_the_error_names_them() {
     assert!(took < Duration::from_secs(15), "took {took:?}: {text}");
     println!("all sentinels down: {took:?}: {text}");
 }
+
+/// A call already waiting on a stalled primary when the sentinels promote
+/// a replica goes to the new primary by itself: at half its deadline it
+/// finds that the primary changed (the sentinels' `+switch-master`) and is
+/// sent again there. Before, it waited on the stalled node until its
+/// deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_on_a_stalled_primary_goes_to_the_promoted_replica() {
+    let setup = RedisSentinel::start();
+    let old = setup.primary().unwrap();
+    // Half the deadline (12.5 s) is far longer than the failover takes
+    // (down after 1 s, then the election): the call is still waiting
+    // when the new primary is named.
+    let response_timeout = Duration::from_secs(24);
+    let client = Client::new(
+        Config::new(setup.url(""))
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(response_timeout),
+    )
+    .unwrap();
+    // The primary is known, with a connection to it.
+    let guard = Lock::new("stalled-call")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+
+    signal(setup.node(old).unwrap(), "-STOP");
+    let call = tokio::spawn(async move {
+        let started = Instant::now();
+        let taken = Lock::new("stalled-call").client(client).try_acquire().await;
+        (taken, started.elapsed())
+    });
+    let new = tokio::task::block_in_place(|| setup.wait_for_new_primary(old, 0));
+    let (taken, took) = call.await.unwrap();
+    signal(setup.node(old).unwrap(), "-CONT");
+    let new = new.unwrap();
+    let guard = taken.unwrap_or_else(|error| {
+        panic!("the call waiting on the stalled primary failed after {took:?}: {error}")
+    });
+    assert!(
+        took < response_timeout,
+        "it took {took:?}, not about half of its deadline"
+    );
+    let on_new = value(&test_support::command(new, &["GET", "lock:{stalled-call}"]).unwrap());
+    assert!(on_new.is_some(), "the lock is not on the new primary {new}");
+    guard.release().await.unwrap();
+}

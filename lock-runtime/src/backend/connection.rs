@@ -149,23 +149,27 @@ impl Link {
         }
     }
 
-    /// On a cluster, the slot map its calls are routed by now (`Some(None)`:
-    /// none is known yet); `None` elsewhere.
-    fn routing_by(&self) -> Option<Option<Arc<Ranges>>> {
+    /// Where this link's calls go now, on a deployment where that can
+    /// change under a call: a cluster's slot map (`None`: none is known
+    /// yet), Sentinel's primary (its epoch). `None` on one server.
+    fn route(&self) -> Option<Route> {
         match self {
-            Link::Cluster(router) => Some(router.routing_by()),
-            Link::Acked(inner, _) => inner.routing_by(),
-            Link::Node(_) | Link::Sentinel(_) => None,
+            Link::Cluster(router) => Some(Route::Slots(router.routing_by())),
+            Link::Sentinel(link) => Some(Route::Primary(link.epoch())),
+            Link::Acked(inner, _) => inner.route(),
+            Link::Node(_) => None,
         }
     }
 
-    /// On a cluster, whether the slot map, fetched again now, differs from
-    /// `routed_by`.
-    async fn map_changed(&self, routed_by: Option<Arc<Ranges>>) -> bool {
-        match self {
-            Link::Cluster(router) => router.map_changed(routed_by).await,
-            Link::Acked(inner, _) => Box::pin(inner.map_changed(routed_by)).await,
-            Link::Node(_) | Link::Sentinel(_) => false,
+    /// Whether calls now go elsewhere than by `route`: on a cluster, the
+    /// slot map is fetched again and compared; with Sentinel, the primary
+    /// changed (a sentinel's `+switch-master`).
+    async fn moved_from(&self, route: Route) -> bool {
+        match (self, route) {
+            (Link::Cluster(router), Route::Slots(routed_by)) => router.map_changed(routed_by).await,
+            (Link::Sentinel(link), Route::Primary(epoch)) => link.epoch() != epoch,
+            (Link::Acked(inner, _), route) => Box::pin(inner.moved_from(route)).await,
+            _ => false,
         }
     }
 
@@ -359,20 +363,20 @@ impl Connection {
         loop {
             let current = self.current.load_full();
             let left = deadline.saturating_duration_since(Instant::now());
-            // On a cluster, a call still unanswered at half its deadline
-            // checks the slot map: its node may be stalled, and its slots
-            // given to a replica meanwhile. A map fetched while a failover
-            // was under way (by another call) would otherwise send every
-            // call of those slots to the stalled node until one of them
-            // timed out.
-            let routed_by = current.manager.routing_by();
-            let first_wait = if routed_by.is_some() { left / 2 } else { left };
+            // On a cluster or through Sentinel, a call still unanswered at
+            // half its deadline checks where calls go now: its node may be
+            // stalled, and a replica promoted meanwhile. Calls routed before
+            // the new map or primary showed (a map fetched by another call
+            // while a failover was under way) would otherwise each wait on
+            // the stalled node until their deadline.
+            let route = current.manager.route();
+            let first_wait = if route.is_some() { left / 2 } else { left };
             let mut call = std::pin::pin!(attempt(current.manager.clone(), number));
             let waited = match tokio::time::timeout(first_wait, call.as_mut()).await {
                 Ok(reply) => Waited::Reply(reply),
-                Err(_elapsed) => match routed_by {
-                    Some(routed_by) => {
-                        Box::pin(after_half(&current.manager, routed_by, call, deadline)).await
+                Err(_elapsed) => match route {
+                    Some(route) => {
+                        Box::pin(after_half(&current.manager, route, call, deadline)).await
                     }
                     None => Waited::TimedOut,
                 },
@@ -381,10 +385,10 @@ impl Connection {
                 Waited::Reply(Ok(value)) => return Ok(value),
                 // A script's command refused by the ACL: named.
                 Waited::Reply(Err(error)) => super::script_errors::explain(error),
-                // Sent again at once, by the new map (any attempt may be
-                // repeated; the one left behind went to a node that the
-                // cluster no longer has serve those slots).
-                Waited::MapChanged => {
+                // Sent again at once, by the new map or to the new primary
+                // (any attempt may be repeated; the one left behind went to
+                // a node that no longer serves its key).
+                Waited::Moved => {
                     number += 1;
                     continue;
                 }
@@ -408,23 +412,30 @@ impl Connection {
     }
 }
 
+/// Where a call was sent (see [`Link::route`]).
+enum Route {
+    Slots(Option<Arc<Ranges>>),
+    Primary(u64),
+}
+
 /// How waiting for an attempt ended.
 enum Waited<T> {
     Reply(RedisResult<T>),
-    /// On a cluster: unanswered at half the deadline, and the slot map has
-    /// changed since the attempt was routed.
-    MapChanged,
+    /// Unanswered at half the deadline, and calls now go elsewhere than
+    /// the attempt was sent.
+    Moved,
     /// No answer within the deadline.
     TimedOut,
 }
 
-/// A cluster call unanswered at half its deadline: the slot map is fetched
-/// again (every node asked at once, a stalled one passed over). If it
-/// changed since `routed_by`, the call is to be sent again by the new one;
-/// else the attempt is waited for until the deadline.
+/// A call on a cluster or through Sentinel unanswered at half its
+/// deadline: if calls now go elsewhere than by `route` (the slot map,
+/// fetched again, changed: every node is asked at once, a stalled one
+/// passed over; or Sentinel switched the primary), the call is to be sent
+/// again; else the attempt is waited for until the deadline.
 async fn after_half<T, Fut>(
     link: &Link,
-    routed_by: Option<Arc<Ranges>>,
+    route: Route,
     mut call: std::pin::Pin<&mut Fut>,
     deadline: Instant,
 ) -> Waited<T>
@@ -432,13 +443,13 @@ where
     Fut: Future<Output = RedisResult<T>>,
 {
     let left = deadline.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(left, link.map_changed(routed_by)).await {
+    match tokio::time::timeout(left, link.moved_from(route)).await {
         Err(_elapsed) => return Waited::TimedOut,
         // Answered meanwhile after all: that answer stands.
         Ok(true) => {
             return match futures_util::FutureExt::now_or_never(call.as_mut()) {
                 Some(reply) => Waited::Reply(reply),
-                None => Waited::MapChanged,
+                None => Waited::Moved,
             }
         }
         Ok(false) => {}

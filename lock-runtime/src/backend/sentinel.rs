@@ -738,6 +738,11 @@ impl SentinelLink {
         self.sentinels.db()
     }
 
+    /// The epoch of the primary calls go to now.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.sentinels.epoch()
+    }
+
     /// The open connection of the current epoch, opened if need be.
     async fn connection(&self) -> RedisResult<Arc<Open>> {
         let current = |open: &Option<Arc<Open>>| {
