@@ -992,7 +992,7 @@ async fn a_call_waiting_on_a_stalled_primary_goes_to_the_replica_that_took_over(
     // map shows.
     let response_timeout = Duration::from_secs(24);
     let client = Client::new(
-        Config::new(url_of(&cluster.ports()))
+        Config::new(url_of(cluster.ports()))
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(response_timeout),
     )
