@@ -150,8 +150,8 @@ impl Link {
     }
 
     /// Where this link's calls go now, on a deployment where that can
-    /// change under a call: a cluster's slot map (`None`: none is known
-    /// yet), Sentinel's primary (its epoch). `None` on one server.
+    /// change under a call: a cluster's slot map (its digest), Sentinel's
+    /// primary (its epoch). `None` on one server.
     fn route(&self) -> Option<Route> {
         match self {
             Link::Cluster(router) => Some(Route::Slots(router.routing_by())),
@@ -414,7 +414,7 @@ impl Connection {
 
 /// Where a call was sent (see [`Link::route`]).
 enum Route {
-    Slots(Option<Arc<Ranges>>),
+    Slots(u64),
     Primary(u64),
 }
 

@@ -14,6 +14,7 @@
 //! is fetched again from any node that answers).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,6 +50,10 @@ pub(crate) struct Router {
     nodes: Mutex<HashMap<String, ConnectionManager>>,
     /// One fetch of the map at a time.
     fetching: tokio::sync::Mutex<()>,
+    /// A digest of the last map fetched (0: none yet): what a call was
+    /// routed by, read with one atomic load on its way (see
+    /// [`map_changed`](Router::map_changed)).
+    map_digest: AtomicU64,
 }
 
 impl Router {
@@ -64,6 +69,7 @@ impl Router {
             table: ArcSwapOption::empty(),
             nodes: Mutex::new(HashMap::new()),
             fetching: tokio::sync::Mutex::new(()),
+            map_digest: AtomicU64::new(0),
         }
     }
 
@@ -73,20 +79,18 @@ impl Router {
         self.table.store(None);
     }
 
-    /// The slot map calls are routed by now, if one is known.
-    pub(crate) fn routing_by(&self) -> Option<Arc<Ranges>> {
-        self.table
-            .load()
-            .as_ref()
-            .map(|table| Arc::clone(&table.ranges))
+    /// A digest of the slot map calls are routed by now (0: none fetched
+    /// yet).
+    pub(crate) fn routing_by(&self) -> u64 {
+        self.map_digest.load(Ordering::Acquire)
     }
 
-    /// Whether the slot map differs from `routed_by` (the map a call was
-    /// routed by; `None`: none was known), the map fetched again now.
-    pub(crate) async fn map_changed(&self, routed_by: Option<Arc<Ranges>>) -> bool {
+    /// Whether the slot map, fetched again now, differs from the one of
+    /// digest `routed_by` (a call's [`routing_by`](Router::routing_by)).
+    pub(crate) async fn map_changed(&self, routed_by: u64) -> bool {
         self.forget();
         match self.ranges().await {
-            Ok(fresh) => routed_by.is_none_or(|before| *before != *fresh),
+            Ok(fresh) => digest(&fresh) != routed_by,
             Err(_) => false,
         }
     }
@@ -145,6 +149,7 @@ impl Router {
         // Connections of nodes that serve no slot any more end.
         self.nodes()
             .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
+        self.map_digest.store(digest(&ranges), Ordering::Release);
         let table = Arc::new(self.build(ranges)?);
         self.table.store(Some(Arc::clone(&table)));
         Ok(table)
@@ -383,6 +388,14 @@ impl Drop for Unfinished<'_> {
             router.forget();
         }
     }
+}
+
+/// A digest of a slot map (never 0).
+fn digest(ranges: &Ranges) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    ranges.hash(&mut hasher);
+    hasher.finish().max(1)
 }
 
 /// `host:port` of a connection address.
