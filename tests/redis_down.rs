@@ -57,7 +57,10 @@ async fn assert_fails_fast(client: Client) -> Vec<LockError> {
 
 #[tokio::test]
 async fn refused_port_fails_within_the_timeout() {
-    let port = test_support::free_port().unwrap();
+    // Nothing accepts connections there, and no other test's server can
+    // take the port meanwhile.
+    let refused = test_support::RefusedPort::new().unwrap();
+    let port = refused.port();
     for error in assert_fails_fast(quick_client(format!("redis://127.0.0.1:{port}/"))).await {
         assert!(error.to_string().contains("acquire"), "{error}");
     }
@@ -86,7 +89,10 @@ async fn silent_listener_fails_within_the_timeout() {
 
 #[tokio::test]
 async fn passwords_never_appear_in_errors_or_debug() {
-    let port = test_support::free_port().unwrap();
+    // Nothing accepts connections there, and no other test's server can
+    // take the port meanwhile.
+    let refused = test_support::RefusedPort::new().unwrap();
+    let port = refused.port();
     let url = format!("redis://app:hunter2secret@127.0.0.1:{port}/");
     let config = Config::new(url.clone());
     assert!(!format!("{config:?}").contains("hunter2secret"));

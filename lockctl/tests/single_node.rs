@@ -666,7 +666,10 @@ fn every_argument_has_help() {
 /// where, and what to check; never "Redis scan for lock `*` failed".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_error_says_what_failed_and_what_to_do() {
-    let port = test_support::free_port().unwrap();
+    // Nothing accepts connections there, and no other test's server can
+    // take the port meanwhile.
+    let refused = test_support::RefusedPort::new().unwrap();
+    let port = refused.port();
     let url = format!("redis://127.0.0.1:{port}/");
     let list = lockctl(&url, &["list", "order:"], "").await;
     assert_eq!(list.code, 1, "{list:?}");
@@ -760,7 +763,10 @@ async fn the_tls_feature_has_one_name_and_its_advice() {
         !section.contains("`tls` feature"),
         "the guide names a `tls` feature"
     );
-    let port = test_support::free_port().unwrap();
+    // Nothing accepts connections there, and no other test's server can
+    // take the port meanwhile.
+    let refused = test_support::RefusedPort::new().unwrap();
+    let port = refused.port();
     let run = lockctl(&format!("rediss://127.0.0.1:{port}/"), &["list"], "").await;
     assert_eq!(run.code, 1, "{run:?}");
     if run.stderr.contains("built without") {

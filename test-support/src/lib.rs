@@ -13,11 +13,13 @@
 pub mod cluster;
 mod process;
 pub mod proxy;
+mod refused_port;
 pub mod sentinel;
 pub mod tls;
 pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
+pub use refused_port::RefusedPort;
 pub use sentinel::{RedisSentinel, SentinelOptions};
 pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
@@ -469,7 +471,8 @@ fn request(args: &[&str]) -> Vec<u8> {
     request.into_bytes()
 }
 
-/// A port that was free on 127.0.0.1 a moment ago.
+/// A port that was free on 127.0.0.1 a moment ago (a test that needs a
+/// port where nothing listens holds a [`RefusedPort`] instead).
 pub fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
     Ok(listener.local_addr()?.port())
