@@ -21,7 +21,7 @@ use redis::{Cmd, Value};
 use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
 use super::scripts::{
-    evalsha, run, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
+    evalsha, run, LuaScript, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
 };
 use super::{
     slots, Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
@@ -435,22 +435,29 @@ impl RedisBackend {
         if keep_ms > 0 {
             cmd.arg(keep_ms);
         }
+        self.release_call(keys.name(), script, &cmd).await
+    }
+
+    /// Runs the release script `script` as `cmd` (its code: 2 released and
+    /// a waiter told, 1 released, 0 gone, -1 another's), under the call
+    /// deadline.
+    pub(super) async fn release_call(
+        &self,
+        name: &str,
+        script: &LuaScript,
+        cmd: &Cmd,
+    ) -> Result<Release, LockError> {
         let scripts = self.connection.scripts();
-        let cmd = &cmd;
-        self.call(
-            keys.name(),
-            "release",
-            |mut connection, attempt| async move {
-                let sent_at = Instant::now();
-                let code = self.told(run(script, cmd, &mut connection, scripts).await?);
-                Ok(Release {
-                    found: found(code),
-                    woke: code == 2,
-                    retried: attempt > 0,
-                    sent_at,
-                })
-            },
-        )
+        self.call(name, "release", |mut connection, attempt| async move {
+            let sent_at = Instant::now();
+            let code = self.told(run(script, cmd, &mut connection, scripts).await?);
+            Ok(Release {
+                found: found(code),
+                woke: code == 2,
+                retried: attempt > 0,
+                sent_at,
+            })
+        })
         .await
     }
 }

@@ -4,9 +4,9 @@
 //! the line (`quorum_leave.lua`) and the fencing write-back
 //! (`fence_raise.lua`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{found, RedisBackend};
+use super::RedisBackend;
 use crate::backend::scripts::{
     evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
     QUORUM_RW_ACQUIRE, QUORUM_SEMAPHORE_ACQUIRE, QUORUM_SHARED_LEAVE, QUORUM_SHARED_RELEASE,
@@ -209,22 +209,7 @@ impl RedisBackend {
         if shared {
             cmd.arg(mode(kind));
         }
-        let (cmd, scripts) = (&cmd, self.connection.scripts());
-        self.call(
-            keys.name(),
-            "release",
-            |mut connection, attempt| async move {
-                let sent_at = Instant::now();
-                let code = self.told(run(script, cmd, &mut connection, scripts).await?);
-                Ok(Release {
-                    found: found(code),
-                    woke: code == 2,
-                    retried: attempt > 0,
-                    sent_at,
-                })
-            },
-        )
-        .await
+        self.release_call(keys.name(), script, &cmd).await
     }
 
     /// A waiter over a quorum leaves the line on this node
