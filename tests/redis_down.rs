@@ -140,6 +140,39 @@ async fn the_client_recovers_after_a_restart() {
     recovered.release().await.unwrap();
 }
 
+/// A login Redis refused is not kept: the next call opens a connection
+/// again, so a client started before its password was set on the server
+/// (or rotated there) works as soon as Redis takes it, without a restart.
+#[tokio::test]
+async fn a_refused_login_is_tried_again_by_the_next_call() {
+    let server = RedisServer::start();
+    let set_user = |password: &str| {
+        let reply = server
+            .command(&["ACL", "SETUSER", "app", "on", password, "~*", "&*", "+@all"])
+            .unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    };
+    set_user(">before");
+    let port = server.port();
+    let client = quick_client(format!("redis://app:after@127.0.0.1:{port}/"));
+    let lock = Lock::new("login").client(client);
+    let refused = lock.acquire().await.expect_err("the password is wrong");
+    assert!(matches!(refused, LockError::Redis { .. }), "{refused:?}");
+    // The same refusal again: nothing changed on the server.
+    let again = lock
+        .acquire()
+        .await
+        .expect_err("the password is still wrong");
+    assert!(matches!(again, LockError::Redis { .. }), "{again:?}");
+
+    set_user(">after");
+    let guard = lock
+        .acquire()
+        .await
+        .expect("the server takes the client's password now");
+    guard.release().await.unwrap();
+}
+
 #[test]
 fn missing_url_says_what_to_set() {
     let mut worker = Process::spawn(env!("CARGO_BIN_EXE_lock-worker"), &["try", "k"], None);

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use redis::aio::ConnectionManagerConfig;
+use redis::AsyncConnectionConfig;
 
 mod sentinel;
 
@@ -718,34 +718,19 @@ impl Client {
             // program installed itself.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let manager_config = ConnectionManagerConfig::new()
+        let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             // Each call runs under `Connection::call`'s deadline (connect +
             // response timeout, retries included), which also bounds the
-            // wait for a reconnect; a second timer per command inside the
-            // connection would only cost time.
-            .set_response_timeout(None)
-            // One quick retry: a Redis that is down fails the call within
-            // seconds instead of after the default six growing delays.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(200));
+            // wait for a connection to open; a second timer per command
+            // inside the connection would only cost time.
+            .set_response_timeout(None);
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,
             timeout_ms: timeout.as_millis() as u64,
         });
-        let set_up = |target: CallTarget| {
-            RedisBackend::new(target, call_deadline(&config), acknowledged).map_err(|error| {
-                LockError::from(ConfigError::InvalidUrl {
-                    url: config.redacted_url(),
-                    reason: format!(
-                        "the Redis client cannot be set up: {}",
-                        error.kind_description()
-                    ),
-                    expected: EXPECTED_URL,
-                })
-            })
-        };
+        let set_up =
+            |target: CallTarget| RedisBackend::new(target, call_deadline(&config), acknowledged);
         // With Sentinel: the primary it names, shared by every connection
         // of the client (calls, the acknowledged pool, the notifier).
         let sentinels = if config.is_sentinel() {
@@ -766,7 +751,7 @@ impl Client {
             None
         };
         let backend: Arc<dyn Backend> = if let Some(sentinels) = &sentinels {
-            Arc::new(set_up(CallTarget::Sentinel(Arc::clone(sentinels)))?)
+            Arc::new(set_up(CallTarget::Sentinel(Arc::clone(sentinels))))
         } else if config.is_cluster() {
             // Calls go to each primary through the router; nothing below
             // `Connection::call` retries (it knows a retry for one).
@@ -775,9 +760,9 @@ impl Client {
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
-                manager_config,
+                connection_config,
                 call_deadline(&config),
-            ))?)
+            )))
         } else if config.is_quorum() {
             // The same node twice would count twice towards a majority.
             let mut distinct = std::collections::HashSet::new();
@@ -797,8 +782,8 @@ impl Client {
                 .map(|node| {
                     let backend = set_up(CallTarget::Node(
                         Box::new(node.clone()),
-                        manager_config.clone(),
-                    ))?
+                        connection_config.clone(),
+                    ))
                     .quorum_node();
                     // `host:port`: never the credentials.
                     Ok((backend, node.get_connection_info().addr().to_string()))
@@ -808,8 +793,8 @@ impl Client {
         } else {
             Arc::new(set_up(CallTarget::Node(
                 Box::new(seeds[0].clone()),
-                manager_config,
-            ))?)
+                connection_config,
+            )))
         };
         let transport = if let Some(sentinels) = sentinels {
             Transport::Sentinel(sentinels)

@@ -65,13 +65,7 @@ impl AckPool {
                 if opened.is_err() {
                     return None;
                 }
-                match self.target.open() {
-                    Ok(link) => link,
-                    Err(_) => {
-                        self.open.fetch_sub(1, Ordering::AcqRel);
-                        return None;
-                    }
-                }
+                self.target.open()
             }
         };
         Some(Borrowed {

@@ -1,16 +1,16 @@
 //! The lock's Redis connection, and the one place that runs Redis calls.
 //!
-//! One auto-reconnecting, multiplexed connection (the `redis` crate's
-//! `ConnectionManager`) per client. Two faults it does not handle alone are
-//! handled here:
+//! One multiplexed connection per client, opened again after it broke
+//! (`node_link.rs`; on a cluster one per primary, `router.rs`). Two faults
+//! it does not handle alone are handled here:
 //!
 //! - A connection closed while idle (Redis `timeout`, a proxy's or load
 //!   balancer's idle timeout, `CLIENT KILL`, a failover) fails the next call
 //!   with "broken pipe" although Redis is healthy. Every call this crate
 //!   makes is safe to repeat (releases and renewals compare by token, an
 //!   acquire retried with its token recognises a lock it already took), so a
-//!   call that fails on the connection is retried, on the connection the
-//!   manager re-opens, for as long as its deadline lasts.
+//!   call that fails on the connection is retried, on the connection
+//!   opened again, for as long as its deadline lasts.
 //! - A connection that stalls without closing would keep every later call
 //!   waiting behind the first: after a call times out, the connection is
 //!   replaced by a new one, and the stalled one is dropped.
@@ -21,9 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value};
+use redis::aio::ConnectionLike;
+use redis::{
+    AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value,
+};
 
+use super::node_link::NodeLink;
 use super::router::Router;
 use super::scripts::ScriptsSent;
 use super::sentinel::{SentinelLink, Sentinels};
@@ -34,14 +37,10 @@ use super::slot_map::Ranges;
 /// Redis Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Target {
-    Node(Box<redis::Client>, ConnectionManagerConfig),
+    Node(Box<redis::Client>, AsyncConnectionConfig),
     /// The seed nodes, the connections' settings, and the longest a node
     /// may take to answer `CLUSTER SLOTS`.
-    Cluster(
-        Vec<redis::ConnectionInfo>,
-        ConnectionManagerConfig,
-        Duration,
-    ),
+    Cluster(Vec<redis::ConnectionInfo>, AsyncConnectionConfig, Duration),
     /// The primary of a master name, as the sentinels name it
     /// (`sentinel.rs`): each link a connection of its own to it.
     Sentinel(Arc<Sentinels>),
@@ -49,12 +48,11 @@ pub(crate) enum Target {
 
 impl Target {
     /// A new connection (opened on first use).
-    pub(crate) fn open(&self) -> RedisResult<Link> {
-        Ok(match self {
-            Target::Node(redis, config) => Link::Node(ConnectionManager::new_lazy_with_config(
-                (**redis).clone(),
-                config.clone(),
-            )?),
+    pub(crate) fn open(&self) -> Link {
+        match self {
+            Target::Node(redis, config) => {
+                Link::Node(NodeLink::new((**redis).clone(), config.clone()))
+            }
             Target::Cluster(seeds, config, deadline) => Link::Cluster(Arc::new(Router::new(
                 seeds.clone(),
                 config.clone(),
@@ -63,7 +61,7 @@ impl Target {
             Target::Sentinel(sentinels) => {
                 Link::Sentinel(Arc::new(SentinelLink::new(Arc::clone(sentinels))))
             }
-        })
+        }
     }
 
     /// A connection of this target stopped answering (a call timed out):
@@ -77,10 +75,10 @@ impl Target {
 }
 
 /// A connection a call is made on: cheap to clone (a handle to one
-/// multiplexed connection, or to the cluster connection's task).
+/// server's connection, to a cluster's router, or to Sentinel's primary).
 #[derive(Clone)]
 pub(crate) enum Link {
-    Node(ConnectionManager),
+    Node(NodeLink),
     /// A connection per primary, and the slot map (`router.rs`).
     Cluster(Arc<Router>),
     /// A connection to the primary Redis Sentinel names, opened again when
@@ -214,7 +212,7 @@ impl Link {
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Link::Node(manager) => manager.req_packed_command(cmd),
+            Link::Node(node) => Box::pin(node.send(cmd)),
             Link::Cluster(router) => Box::pin(async move { router.send(cmd).await }),
             Link::Sentinel(link) => Box::pin(async move { link.send(cmd).await }),
             Link::Acked(inner, ack) => Box::pin(async move {
@@ -239,7 +237,7 @@ impl ConnectionLike for Link {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Link::Node(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Link::Node(node) => Box::pin(node.send_pipeline(pipeline, offset, count)),
             Link::Cluster(router) => {
                 Box::pin(async move { router.send_pipeline(pipeline, offset, count, None).await })
             }
@@ -258,7 +256,7 @@ impl ConnectionLike for Link {
 
     fn get_db(&self) -> i64 {
         match self {
-            Link::Node(manager) => manager.get_db(),
+            Link::Node(node) => node.get_db(),
             Link::Cluster(_) => 0,
             Link::Sentinel(link) => link.db(),
             Link::Acked(inner, _) => inner.get_db(),
@@ -291,9 +289,9 @@ pub(crate) struct Current {
 }
 
 impl Connection {
-    pub(crate) fn new(target: Target, deadline: Duration) -> RedisResult<Connection> {
-        let manager = target.open()?;
-        Ok(Connection {
+    pub(crate) fn new(target: Target, deadline: Duration) -> Connection {
+        let manager = target.open();
+        Connection {
             target,
             current: ArcSwap::from_pointee(Current {
                 generation: 0,
@@ -303,7 +301,7 @@ impl Connection {
             deadline,
             scripts: ScriptsSent::default(),
             refusal_is_final: false,
-        })
+        }
     }
 
     /// A refused connection fails a call at once (see `refusal_is_final`).
@@ -328,18 +326,16 @@ impl Connection {
 
     /// Replaces the connection `stale` (one that let a call time out) with a
     /// new one, unless another call replaced it already.
-    fn replace(&self, stale: &Current) {
+    fn replace(&self, stale: u64) {
         self.target.stalled();
-        let Ok(manager) = self.target.open() else {
-            return; // cannot happen for a client that was built once
-        };
+        let manager = self.target.open();
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let fresh = Arc::new(Current {
             generation,
             manager,
         });
         self.current.rcu(|current| {
-            if current.generation == stale.generation {
+            if current.generation == stale {
                 Arc::clone(&fresh)
             } else {
                 Arc::clone(current)
@@ -361,7 +357,13 @@ impl Connection {
         let mut pause = FIRST_RETRY_PAUSE;
         let mut number = 0;
         loop {
-            let current = self.current.load_full();
+            // The link is cloned out of a guard held this briefly: held
+            // across the call, with many calls in flight `arc_swap` would
+            // run out of its per-thread slots and take its slow path.
+            let (link, generation) = {
+                let current = self.current.load();
+                (current.manager.clone(), current.generation)
+            };
             let left = deadline.saturating_duration_since(Instant::now());
             // On a cluster or through Sentinel, a call still unanswered at
             // half its deadline checks where calls go now: its node may be
@@ -369,15 +371,13 @@ impl Connection {
             // the new map or primary showed (a map fetched by another call
             // while a failover was under way) would otherwise each wait on
             // the stalled node until their deadline.
-            let route = current.manager.route();
+            let route = link.route().map(|route| (route, link.clone()));
             let first_wait = if route.is_some() { left / 2 } else { left };
-            let mut call = std::pin::pin!(attempt(current.manager.clone(), number));
+            let mut call = std::pin::pin!(attempt(link, number));
             let waited = match tokio::time::timeout(first_wait, call.as_mut()).await {
                 Ok(reply) => Waited::Reply(reply),
                 Err(_elapsed) => match route {
-                    Some(route) => {
-                        Box::pin(after_half(&current.manager, route, call, deadline)).await
-                    }
+                    Some((route, link)) => Box::pin(after_half(&link, route, call, deadline)).await,
                     None => Waited::TimedOut,
                 },
             };
@@ -393,7 +393,7 @@ impl Connection {
                     continue;
                 }
                 Waited::TimedOut => {
-                    self.replace(&current);
+                    self.replace(generation);
                     return Err(timed_out(self.deadline));
                 }
             };

@@ -11,6 +11,7 @@
 
 mod ack_pool;
 mod connection;
+mod node_link;
 mod notify;
 mod quorum;
 mod redis_backend;

@@ -44,20 +44,16 @@ pub(crate) struct RedisBackend {
 }
 
 impl RedisBackend {
-    pub(crate) fn new(
-        target: Target,
-        deadline: Duration,
-        ack: Option<Ack>,
-    ) -> redis::RedisResult<RedisBackend> {
+    pub(crate) fn new(target: Target, deadline: Duration, ack: Option<Ack>) -> RedisBackend {
         let cluster = matches!(target, Target::Cluster(..));
         let target_for_pool = target.clone();
-        Ok(RedisBackend {
-            connection: Connection::new(target, deadline)?,
+        RedisBackend {
+            connection: Connection::new(target, deadline),
             ack_pool: ack.map(|_| AckPool::new(target_for_pool)),
             ack,
             cluster,
             publish_refused: AtomicBool::new(false),
-        })
+        }
     }
 
     /// The code of a script that may wake waiters; the first time the ACL

@@ -1,5 +1,6 @@
-//! The Redis Cluster connection of the lock calls: one auto-reconnecting,
-//! multiplexed connection (`ConnectionManager`) per primary, and the slot
+//! The Redis Cluster connection of the lock calls: one multiplexed
+//! connection per primary, opened again after it broke (`node_link.rs`),
+//! and the slot
 //! map (`CLUSTER SLOTS`) to route each call to the primary of its keys'
 //! slot.
 //!
@@ -20,10 +21,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
+use redis::aio::ConnectionLike;
+use redis::{
+    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError,
+    RedisResult, Value,
+};
 
 use super::connection::within;
+use super::node_link::NodeLink;
 use super::slot_map::{parse_cluster_slots, Ranges};
 use super::slots::slot;
 
@@ -33,7 +38,7 @@ struct Table {
     ranges: Arc<Ranges>,
     /// Index in `primaries` of each slot's primary; `NONE` if unserved.
     slot_primary: Vec<u16>,
-    primaries: Vec<ConnectionManager>,
+    primaries: Vec<NodeLink>,
 }
 
 const NONE: u16 = u16::MAX;
@@ -41,13 +46,13 @@ const NONE: u16 = u16::MAX;
 pub(crate) struct Router {
     /// The seed nodes (their settings: credentials, TLS, database).
     seeds: Vec<ConnectionInfo>,
-    config: ConnectionManagerConfig,
+    config: AsyncConnectionConfig,
     /// The longest a node may take to answer `CLUSTER SLOTS`.
     deadline: Duration,
     /// Which primary serves which slot, and its connection, if known.
     table: ArcSwapOption<Table>,
     /// One connection per node address (`host:port`), opened on first use.
-    nodes: Mutex<HashMap<String, ConnectionManager>>,
+    nodes: Mutex<HashMap<String, NodeLink>>,
     /// One fetch of the map at a time.
     fetching: tokio::sync::Mutex<()>,
     /// A digest of the last map fetched (0: none yet): what a call was
@@ -59,7 +64,7 @@ pub(crate) struct Router {
 impl Router {
     pub(crate) fn new(
         seeds: Vec<ConnectionInfo>,
-        config: ConnectionManagerConfig,
+        config: AsyncConnectionConfig,
         deadline: Duration,
     ) -> Router {
         Router {
@@ -158,7 +163,7 @@ impl Router {
     /// The table of `ranges`: each slot's primary's connection.
     fn build(&self, ranges: Ranges) -> RedisResult<Table> {
         let mut slot_primary = vec![NONE; 16384];
-        let mut primaries: Vec<ConnectionManager> = Vec::new();
+        let mut primaries: Vec<NodeLink> = Vec::new();
         let mut index: HashMap<&str, u16> = HashMap::new();
         for (start, end, address) in &ranges {
             let at = match index.get(address.as_str()) {
@@ -181,7 +186,7 @@ impl Router {
         })
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<String, ConnectionManager>> {
+    fn nodes(&self) -> MutexGuard<'_, HashMap<String, NodeLink>> {
         self.nodes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -190,7 +195,7 @@ impl Router {
     /// The connection to the node at `address` (`host:port`), with the
     /// first seed's settings: credentials, database, TLS and its
     /// certificates (a discovered node is trusted as the seed is).
-    fn node(&self, address: &str) -> RedisResult<ConnectionManager> {
+    fn node(&self, address: &str) -> RedisResult<NodeLink> {
         if let Some(connection) = self.nodes().get(address) {
             return Ok(connection.clone());
         }
@@ -219,7 +224,7 @@ impl Router {
             _ => ConnectionAddr::Tcp(host, port),
         };
         let client = redis::Client::open(seed.clone().set_addr(addr))?;
-        let connection = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        let connection = NodeLink::new(client, self.config.clone());
         Ok(self
             .nodes()
             .entry(address.to_owned())
@@ -228,7 +233,7 @@ impl Router {
     }
 
     /// The connection to the primary of `slot` (`None`: any primary).
-    async fn primary(&self, slot: Option<u16>) -> RedisResult<ConnectionManager> {
+    async fn primary(&self, slot: Option<u16>) -> RedisResult<NodeLink> {
         let table = self.table().await?;
         let at = slot.map_or(0, |slot| table.slot_primary[usize::from(slot) % 16384]);
         match table.primaries.get(usize::from(at)) {

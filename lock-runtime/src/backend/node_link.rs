@@ -1,0 +1,222 @@
+//! One multiplexed connection to one Redis server: opened on first use,
+//! and again on the next call after it broke.
+//!
+//! This is what the `redis` crate's `ConnectionManager` did for this crate,
+//! with less shared work per command. The manager held an `ArcSwap` guard
+//! across every command (with many commands in flight, `arc_swap` runs out
+//! of per-thread slots and takes its slow path) and cloned a shared future
+//! and then the connection out of it: atomics on cache lines every worker
+//! thread shares, per command. Here a command reads the state through a
+//! guard held only to clone the open connection, the one clone the
+//! `redis` crate needs to send on it (docs/benchmarks.md, "The shared kinds
+//! and the client's CPU").
+//!
+//! - Opening: the first call opens the connection (within the client's
+//!   connect timeout); calls made meanwhile wait for the same opening. The
+//!   opening runs as a task of its own, so a call that gives up (its
+//!   deadline passed) does not stop it.
+//! - A failed opening is not kept: the next call opens again. (Retries
+//!   and their pauses are `Connection::call`'s.)
+//! - A command that fails because the connection broke (closed while idle,
+//!   reset, a dropped proxy) closes it; the next call opens a new one. A
+//!   connection that stalls without breaking is `Connection::call`'s to
+//!   replace, after a call timed out.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+/// An opening connection, awaited by every call that needs it.
+type Opening = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+
+/// A handle to one server's connection; cheap to clone (every clone uses
+/// the same connection).
+#[derive(Clone)]
+pub(crate) struct NodeLink(Arc<Node>);
+
+struct Node {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    /// Read by every call; changed (under `changing`) only when the
+    /// connection opens or closes.
+    state: ArcSwap<State>,
+    changing: Mutex<()>,
+}
+
+/// The connection now, and the number of the opening it came from (a
+/// failure on an older connection leaves a newer one alone).
+struct State {
+    number: u64,
+    now: Now,
+}
+
+enum Now {
+    /// Not opened yet, or closed: the next call opens it.
+    Closed,
+    Opening(Opening),
+    Open(MultiplexedConnection),
+}
+
+impl NodeLink {
+    /// A connection to `client`'s server, opened on first use.
+    pub(crate) fn new(client: redis::Client, config: AsyncConnectionConfig) -> NodeLink {
+        NodeLink(Arc::new(Node {
+            client,
+            config,
+            state: ArcSwap::from_pointee(State {
+                number: 0,
+                now: Now::Closed,
+            }),
+            changing: Mutex::new(()),
+        }))
+    }
+
+    /// The open connection and its number: opened, or waited for while it
+    /// opens, if need be.
+    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+        let (opening, number) = {
+            let state = self.0.state.load();
+            match &state.now {
+                Now::Open(connection) => return Ok((connection.clone(), state.number)),
+                Now::Opening(opening) => (opening.clone(), state.number),
+                Now::Closed => {
+                    drop(state);
+                    self.open()
+                }
+            }
+        };
+        match opening.await {
+            Ok(connection) => {
+                self.change(number, |now| match now {
+                    Now::Opening(_) => Some(Now::Open(connection.clone())),
+                    _ => None,
+                });
+                Ok((connection, number))
+            }
+            Err(error) => {
+                self.close(number);
+                Err(error)
+            }
+        }
+    }
+
+    /// Starts opening the connection, unless another call did: the opening
+    /// and its number.
+    fn open(&self) -> (Opening, u64) {
+        let _changing = self.lock();
+        let state = self.0.state.load_full();
+        let opening = match &state.now {
+            Now::Opening(opening) => return (opening.clone(), state.number),
+            Now::Open(connection) => {
+                let connection = connection.clone();
+                return (async move { Ok(connection) }.boxed().shared(), state.number);
+            }
+            Now::Closed => {
+                let client = self.0.client.clone();
+                let config = self.0.config.clone();
+                async move {
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                }
+                .boxed()
+                .shared()
+            }
+        };
+        let number = state.number + 1;
+        self.0.state.store(Arc::new(State {
+            number,
+            now: Now::Opening(opening.clone()),
+        }));
+        // Runs to its end even if every call waiting for it gives up.
+        tokio::spawn(opening.clone().map(drop));
+        (opening, number)
+    }
+
+    /// Closes connection `number` (it broke, or could not be opened); a
+    /// newer one is left alone.
+    fn close(&self, number: u64) {
+        self.change(number, |now| match now {
+            Now::Closed => None,
+            _ => Some(Now::Closed),
+        });
+    }
+
+    /// Replaces the state of connection `number` by what `next` makes of
+    /// it (`None`: left as it is).
+    fn change(&self, number: u64, next: impl FnOnce(&Now) -> Option<Now>) {
+        let _changing = self.lock();
+        let state = self.0.state.load();
+        if state.number != number {
+            return;
+        }
+        if let Some(now) = next(&state.now) {
+            drop(state);
+            self.0.state.store(Arc::new(State { number, now }));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.0
+            .changing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// After `error` on connection `number`: closed if it broke.
+    fn failed(&self, number: u64, error: &RedisError) {
+        if error.is_unrecoverable_error() || error.is_connection_dropped() {
+            self.close(number);
+        }
+    }
+
+    /// Sends `cmd` and reads its reply.
+    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (mut connection, number) = self.connection().await?;
+        let reply = connection.send_packed_command(cmd).await;
+        if let Err(error) = &reply {
+            self.failed(number, error);
+        }
+        reply
+    }
+
+    /// Sends `count` commands of `pipeline` from `offset` in one write and
+    /// reads their replies.
+    pub(crate) async fn send_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let (mut connection, number) = self.connection().await?;
+        let replies = connection
+            .send_packed_commands(pipeline, offset, count)
+            .await;
+        if let Err(error) = &replies {
+            self.failed(number, error);
+        }
+        replies
+    }
+}
+
+impl ConnectionLike for NodeLink {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.send(cmd))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(self.send_pipeline(pipeline, offset, count))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.client.get_connection_info().redis_settings().db()
+    }
+}
