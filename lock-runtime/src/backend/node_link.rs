@@ -16,12 +16,17 @@
 //!   opening runs as a task of its own, so a call that gives up (its
 //!   deadline passed) does not stop it.
 //! - A failed opening is not kept: the next call opens again. (Retries
-//!   and their pauses are `Connection::call`'s.)
+//!   and their pauses are `Connection::call`'s.) So a refused login works
+//!   from the next call once the server takes it; the price is that an
+//!   opening that cannot succeed (a database number out of range) is tried
+//!   again by every call, each failing at once without retries.
+//! - A panic while opening fails that opening, not every later call.
 //! - A command that fails because the connection broke (closed while idle,
 //!   reset, a dropped proxy) closes it; the next call opens a new one. A
 //!   connection that stalls without breaking is `Connection::call`'s to
 //!   replace, after a call timed out.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -118,9 +123,17 @@ impl NodeLink {
                 let client = self.0.client.clone();
                 let config = self.0.config.clone();
                 async move {
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
+                    let opening = client.get_multiplexed_async_connection_with_config(&config);
+                    // A shared future that panicked panics again for every
+                    // caller: a panic while opening (the connect timeout's
+                    // timer of a runtime that ended meanwhile) fails this
+                    // opening only, and the next call opens again.
+                    match AssertUnwindSafe(opening).catch_unwind().await {
+                        Ok(opened) => opened,
+                        Err(_panic) => Err(RedisError::from(std::io::Error::other(
+                            "opening the connection panicked",
+                        ))),
+                    }
                 }
                 .boxed()
                 .shared()
@@ -166,9 +179,12 @@ impl NodeLink {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// After `error` on connection `number`: closed if it broke.
+    /// After `error` on connection `number`: closed if it broke (any I/O
+    /// error: the connection's task ends after one, even one the `redis`
+    /// crate does not count as a dropped connection, such as a timed-out
+    /// read).
     fn failed(&self, number: u64, error: &RedisError) {
-        if error.is_unrecoverable_error() || error.is_connection_dropped() {
+        if error.is_io_error() || error.is_unrecoverable_error() || error.is_connection_dropped() {
             self.close(number);
         }
     }
@@ -218,5 +234,56 @@ impl ConnectionLike for NodeLink {
 
     fn get_db(&self) -> i64 {
         self.0.client.get_connection_info().redis_settings().db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// Panics on its first lookup; then names port 0 of loopback, where
+    /// no connection can be made.
+    struct PanicsFirst {
+        lookups: Arc<AtomicU32>,
+    }
+
+    impl redis::io::AsyncDNSResolver for PanicsFirst {
+        fn resolve<'a, 'b: 'a>(
+            &'a self,
+            _host: &'b str,
+            _port: u16,
+        ) -> RedisFuture<'a, Box<dyn Iterator<Item = SocketAddr> + Send + 'a>> {
+            Box::pin(async move {
+                if self.lookups.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("the first lookup panics (test)");
+                }
+                let addresses: Box<dyn Iterator<Item = SocketAddr> + Send> =
+                    Box::new(std::iter::once(SocketAddr::from(([127, 0, 0, 1], 0))));
+                Ok(addresses)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_opening_fails_that_call_only() {
+        let lookups = Arc::new(AtomicU32::new(0));
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_dns_resolver(PanicsFirst {
+                lookups: Arc::clone(&lookups),
+            });
+        let client = redis::Client::open("redis://redis.test:6379/").unwrap();
+        let link = NodeLink::new(client, config);
+        let ping = redis::cmd("PING");
+        let first = link.send(&ping).await.expect_err("the opening panicked");
+        assert!(first.to_string().contains("panicked"), "{first}");
+        // Opened again (a second lookup), failing as a connection to a
+        // port where none can be made fails, not with the first panic.
+        let second = link.send(&ping).await.expect_err("nothing listens there");
+        assert!(second.is_io_error(), "{second}");
+        assert_eq!(lookups.load(Ordering::SeqCst), 2);
     }
 }
