@@ -339,6 +339,7 @@ async fn a_stalled_connection_fails_calls_at_their_deadline_then_recovers() {
     let client = through(&proxy);
     // Open the connection.
     warm_up(&client).await;
+    let open_before = proxy.connections();
 
     proxy.stall();
     let started = Instant::now();
@@ -370,6 +371,17 @@ async fn a_stalled_connection_fails_calls_at_their_deadline_then_recovers() {
     );
     guard.release().await.unwrap();
     assert!(!exists(&server, "after"));
+    // The timed-out acquire's `SET` waited in the stalled connection, which
+    // the client gave up: it reaches Redis when the proxy carries what that
+    // connection held and closes it. Until then the key may be absent
+    // and appear later, so wait for that first (the proxy back to the
+    // connections it had before the stall).
+    wait_until_async(
+        "the proxy closed the stalled connection",
+        RETRY_WINDOW,
+        || proxy.connections() <= open_before,
+    )
+    .await;
     // No orphan: whatever the timed-out acquire did, its key is gone soon.
     assert_gone_within(&server, "timed-out", RETRY_WINDOW).await;
     assert_free(&server, "timed-out").await;
