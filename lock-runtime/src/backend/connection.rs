@@ -18,7 +18,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionLike;
@@ -353,7 +353,10 @@ impl Connection {
         F: FnMut(Link, u32) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let deadline = Instant::now() + self.deadline;
+        // One clock reading per call on its common path: the deadline's
+        // (each reading is tens of nanoseconds, and a pair makes two calls).
+        let mut now = tokio::time::Instant::now();
+        let deadline = now + self.deadline;
         let mut pause = FIRST_RETRY_PAUSE;
         let mut number = 0;
         loop {
@@ -364,7 +367,6 @@ impl Connection {
                 let current = self.current.load();
                 (current.manager.clone(), current.generation)
             };
-            let left = deadline.saturating_duration_since(Instant::now());
             // On a cluster or through Sentinel, a call still unanswered at
             // half its deadline checks where calls go now: its node may be
             // stalled, and a replica promoted meanwhile. Calls routed before
@@ -372,9 +374,12 @@ impl Connection {
             // while a failover was under way) would otherwise each wait on
             // the stalled node until their deadline.
             let route = link.route().map(|route| (route, link.clone()));
-            let first_wait = if route.is_some() { left / 2 } else { left };
+            let first_wait = match route {
+                Some(_) => now + deadline.saturating_duration_since(now) / 2,
+                None => deadline,
+            };
             let mut call = std::pin::pin!(attempt(link, number));
-            let waited = match tokio::time::timeout(first_wait, call.as_mut()).await {
+            let waited = match tokio::time::timeout_at(first_wait, call.as_mut()).await {
                 Ok(reply) => Waited::Reply(reply),
                 Err(_elapsed) => match route {
                     Some((route, link)) => Box::pin(after_half(&link, route, call, deadline)).await,
@@ -390,6 +395,7 @@ impl Connection {
                 // a node that no longer serves its key).
                 Waited::Moved => {
                     number += 1;
+                    now = tokio::time::Instant::now();
                     continue;
                 }
                 Waited::TimedOut => {
@@ -401,13 +407,14 @@ impl Connection {
             // server was down: one more try after a fresh reconnect.
             if !retryable(&error)
                 || (self.refusal_is_final && error.is_connection_refusal() && number > 0)
-                || Instant::now() + pause >= deadline
+                || tokio::time::Instant::now() + pause >= deadline
             {
                 return Err(error);
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_RETRY_PAUSE);
             number += 1;
+            now = tokio::time::Instant::now();
         }
     }
 }
@@ -437,13 +444,12 @@ async fn after_half<T, Fut>(
     link: &Link,
     route: Route,
     mut call: std::pin::Pin<&mut Fut>,
-    deadline: Instant,
+    deadline: tokio::time::Instant,
 ) -> Waited<T>
 where
     Fut: Future<Output = RedisResult<T>>,
 {
-    let left = deadline.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(left, link.moved_from(route)).await {
+    match tokio::time::timeout_at(deadline, link.moved_from(route)).await {
         Err(_elapsed) => return Waited::TimedOut,
         // Answered meanwhile after all: that answer stands.
         Ok(true) => {
@@ -454,8 +460,7 @@ where
         }
         Ok(false) => {}
     }
-    let left = deadline.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(left, call).await {
+    match tokio::time::timeout_at(deadline, call).await {
         Ok(reply) => Waited::Reply(reply),
         Err(_elapsed) => Waited::TimedOut,
     }
