@@ -184,9 +184,15 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 pub(crate) static ACQUIRE_ALL: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("prune.lua")], &[lua!("acquire_all.lua")]], 1 << 25));
 
-/// `lua/release.lua`: compare-and-delete, waking the marked waiter.
-pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[&[PUBLISH], &[lua!("release.lua")]], 2));
+/// `lua/release.lua`: compare-and-delete, waking the marked waiter. The
+/// helpers come after the common case, which returns before them
+/// (`release.lua`'s header).
+pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[&[lua!("release.lua"), PUBLISH, lua!("release_wake.lua")]],
+        2,
+    )
+});
 
 /// `publish.lua` and `tickets.lua`: the helpers of the quorum scripts.
 const QUORUM_HELPERS: [(&str, &str); 2] = [lua!("publish.lua"), lua!("tickets.lua")];
@@ -427,15 +433,20 @@ mod tests {
     #[test]
     fn lines_are_found_in_their_files() {
         let (file, line, text) = RELEASE.line(1).unwrap();
-        assert_eq!((file, line), ("publish.lua", 1));
-        assert!(text.starts_with("--"));
-        let helper_lines = include_str!("lua/publish.lua").lines().count();
-        let (file, line, text) = RELEASE.line(helper_lines + 1).unwrap();
         assert_eq!((file, line), ("release.lua", 1));
+        assert!(text.starts_with("--"));
+        let head_lines = include_str!("lua/release.lua").lines().count();
+        let (file, line, text) = RELEASE.line(head_lines + 1).unwrap();
+        assert_eq!((file, line), ("publish.lua", 1));
         assert_eq!(
             text,
-            include_str!("lua/release.lua").lines().next().unwrap()
+            include_str!("lua/publish.lua").lines().next().unwrap()
         );
+        let helper_lines = include_str!("lua/publish.lua").lines().count();
+        let (file, line, _) = RELEASE.line(head_lines + helper_lines + 1).unwrap();
+        assert_eq!((file, line), ("release_wake.lua", 1));
+        let (file, line, _) = ACQUIRE.line(1).unwrap();
+        assert_eq!((file, line), ("publish.lua", 1));
         let (file, line, _) = RENEW_ANY_SLOT.line(1).unwrap();
         assert_eq!((file, line), ("the shebang", 1));
         assert!(RELEASE.line(0).is_none());

@@ -3,7 +3,10 @@
 -- channel.
 --
 -- KEYS[1] lock. ARGV[1] token.
--- Preceded by publish.lua.
+-- Put together as release.lua, publish.lua, release_wake.lua: the common
+-- case (no wake mark) returns before publish.lua's helpers are defined.
+-- A script defines its local functions anew on every run, a closure each,
+-- which made an uncontended release cost 1.8 against 1.3 us in Redis.
 -- Replies 2 released and the message was received by the waiter's client,
 -- 1 released (nobody to wake, or nobody listening; `{1, <error>}` when the
 -- ACL refused the message: publish.lua's told()), 0 the key was gone
@@ -14,12 +17,3 @@ if held == ARGV[1] then
   return 1
 end
 if held == false then return 0 end
-local mine = #ARGV[1] + 1
-if string.sub(held, 1, mine) ~= ARGV[1] .. '|' then return -1 end
-redis.call('DEL', KEYS[1])
-local waiter = string.sub(held, mine + 1)
-local bar = string.find(waiter, '|', 1, true)
-if not bar then return 1 end
--- 2 only if a client listens on the waiter's channel
-if publish_to(string.sub(waiter, 1, bar - 1), string.sub(waiter, bar + 1)) > 0 then return 2 end
-return told(1)
