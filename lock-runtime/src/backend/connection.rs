@@ -405,9 +405,13 @@ impl Connection {
             };
             // A refusal may be the answer to a reconnect made while the
             // server was down: one more try after a fresh reconnect.
+            // A retry is sent only if at least a pause is left for it after
+            // the pause before it: one started at the deadline's edge would
+            // end as "no answer", hiding the error that made it retry (a
+            // refused connection reported as a timeout).
             if !retryable(&error)
                 || (self.refusal_is_final && error.is_connection_refusal() && number > 0)
-                || tokio::time::Instant::now() + pause >= deadline
+                || tokio::time::Instant::now() + pause * 2 >= deadline
             {
                 return Err(error);
             }
