@@ -831,6 +831,17 @@ async fn a_slot_unsubscribed_during_a_slow_resubscription_is_subscribed_again() 
 }
 
 /// A `redis-cluster://` URL naming `ports` as seeds, in this order.
+/// Takes the lock `name` at once and releases it (the client then knows
+/// the slot map and has a connection to the name's primary).
+async fn take_and_release(client: &Client, name: &str) {
+    let guard = Lock::new(name)
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
 fn url_of(ports: &[u16]) -> String {
     let hosts: Vec<String> = ports
         .iter()
@@ -933,12 +944,7 @@ async fn after_a_stalled_primary_is_failed_over_locks_work_again() {
     .unwrap();
     // The slot table is known, with a connection to every primary.
     for name in [&healthy_name, &moved_name] {
-        let guard = Lock::new(name.as_str())
-            .client(client.clone())
-            .try_acquire()
-            .await
-            .unwrap();
-        guard.release().await.unwrap();
+        take_and_release(&client, name).await;
     }
 
     let stopped = Stopped::stop(cluster.node(stalled).unwrap());
@@ -998,12 +1004,7 @@ async fn a_call_waiting_on_a_stalled_primary_goes_to_the_replica_that_took_over(
     )
     .unwrap();
     // The slot map is known, with a connection to the primary.
-    let guard = Lock::new(name.as_str())
-        .client(client.clone())
-        .try_acquire()
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    take_and_release(&client, &name).await;
 
     let stopped = Stopped::stop(cluster.node(stalled).unwrap());
     let call = tokio::spawn({
@@ -1059,12 +1060,7 @@ async fn an_acknowledged_acquisition_in_a_migrating_slot_follows_ask() {
 
     // Without the mode: ASK followed, the lock is taken (on the target).
     let plain = Client::new(Config::new(url.clone())).unwrap();
-    let guard = Lock::new(name.as_str())
-        .client(plain)
-        .try_acquire()
-        .await
-        .unwrap();
-    guard.release().await.unwrap();
+    take_and_release(&plain, &name).await;
 
     // The replica's acknowledgement comes in milliseconds; 2 s is for a
     // loaded machine.
