@@ -1095,10 +1095,10 @@ async fn fair_is_refused_over_a_quorum() {
 
 /// A stopped node does not make a waiter overrun its `wait`, even when the
 /// live nodes split (one holds another client's minority attempt, one is
-/// free): no node is waited for past the wait's end (its per-node timeout,
-/// a tenth of the ttl, is cut to what is left of the wait), and nodes cut
-/// off so count as refusals: `wait(50 ms)` gives `WaitTimeout` after about
-/// that long, not after two per-node timeouts (1 s).
+/// free): an attempt that a majority answered is settled at the wait's end
+/// (the stopped node's per-node timeout, a tenth of the ttl, is not waited
+/// out): `wait(50 ms)` gives `WaitTimeout` after about that long, not after
+/// two per-node timeouts (1 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_wait_is_kept_with_a_stopped_node_and_a_split_majority() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -1301,4 +1301,71 @@ async fn a_quorum_of_one_node_listed_thrice_is_refused_or_works() {
         .try_acquire()
         .await;
     assert!(taken.is_ok(), "a free lock, a valid config: {taken:?}");
+}
+
+/// Issue 36, hole 6: no majority answering is an error on every waiting
+/// path, never `Busy`/`WaitTimeout` (design §13). Two of three nodes
+/// stopped (SIGSTOP; they answered this client before, so it counts them
+/// as up): a lock, a read share, a write lock and a permit, each with a
+/// 50 ms wait on a free lock, again and again: each ends with a `Redis`
+/// error (`is_busy()` false) within its wait and one call deadline (2 s),
+/// plus slack. Before, an attempt cut by the end of the wait counted the
+/// stopped nodes as possible refusals (they had answered their last call,
+/// and a node cut off after 50 ms was not marked down), so every call
+/// ended in `WaitTimeout`, for as long as the nodes stayed stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_majority_is_an_error_on_every_waiting_path_not_busy() {
+    use lock_runtime::{RwLock, Semaphore};
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    open_connections(&client, &nodes).await;
+    signal(&nodes[0], "-STOP");
+    signal(&nodes[1], "-STOP");
+    let wait = Duration::from_millis(50);
+    let bound = wait + Duration::from_secs(2) + Duration::from_secs(2);
+    let mut outcomes = Vec::new();
+    for round in 0..3 {
+        let calls: Vec<(&str, _)> = vec![
+            ("lock", {
+                let lock = Lock::new("free").wait(wait).client(client.clone());
+                Box::pin(async move { lock.acquire().await.map(drop) })
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>
+            }),
+            ("read", {
+                let lock = RwLock::new("free-rw").client(client.clone());
+                Box::pin(async move { lock.read().wait(wait).acquire().await.map(drop) })
+            }),
+            ("write", {
+                let lock = RwLock::new("free-rw").client(client.clone());
+                Box::pin(async move { lock.write().wait(wait).acquire().await.map(drop) })
+            }),
+            ("permit", {
+                let lock = Semaphore::new("free-sem", 2).client(client.clone());
+                Box::pin(async move { lock.wait(wait).acquire().await.map(drop) })
+            }),
+        ];
+        for (what, call) in calls {
+            let started = Instant::now();
+            let result = call.await;
+            let took = started.elapsed();
+            outcomes.push(format!("{what} #{round}: {result:?} after {took:?}"));
+            let error = match result {
+                Err(error) => error,
+                Ok(()) => panic!("{what} #{round} was taken with 2 of 3 nodes stopped"),
+            };
+            assert!(
+                matches!(error, LockError::Redis { .. }) && !error.is_busy(),
+                "{what} #{round}: {error:?} (all so far: {outcomes:#?})"
+            );
+            assert!(
+                error.to_string().contains("no majority"),
+                "{what} #{round}: {error}"
+            );
+            assert!(took < bound, "{what} #{round} took {took:?}");
+        }
+    }
+    for node in &nodes[..2] {
+        signal(node, "-CONT");
+    }
+    eprintln!("{outcomes:#?}");
 }

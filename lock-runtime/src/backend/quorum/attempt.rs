@@ -124,28 +124,23 @@ impl QuorumBackend {
             mine: request.mine,
             ticket: place.filter(|_| join).map_or(0, |place| self.ticket(place)),
         });
-        // No node is waited for past the caller's wait (a stopped node must
-        // not make a waiter overrun it); a few ms at least, so that the last
-        // attempt of a wait can still be answered.
-        let full = node_timeout(request.ttl_ms, self.deadline);
-        let timeout = request.deadline.map_or(full, |deadline| {
-            full.min(
-                deadline
-                    .saturating_duration_since(started)
-                    .max(LAST_ATTEMPT_TIMEOUT),
-            )
+        // Each node gets its own timeout (a tenth of the ttl, within the
+        // call deadline), whatever the caller's wait. The end of the wait
+        // (a few ms at least, so that the last attempt of a wait can still
+        // be answered) cuts the attempt short only once a majority has
+        // answered: with fewer answers nobody can tell whether the lock is
+        // free, and an attempt that stopped there would report a lock held
+        // ("busy") by nodes that may be stopped, for as long as they stay
+        // so (no answer at the cut says nothing of a node's health). So an
+        // attempt ends at most a per-node timeout after the end of the wait.
+        let timeout = node_timeout(request.ttl_ms, self.deadline);
+        let cut_at = request.deadline.and_then(|deadline| {
+            let at = deadline.max(started + LAST_ATTEMPT_TIMEOUT);
+            (at < started + timeout).then_some(at)
         });
-        let cut_short = timeout < full;
         let mut pending: FuturesUnordered<NodeCall> = (0..self.nodes.len())
             .map(|node| {
                 let (nodes, ballot) = (Arc::clone(&self.nodes), Arc::clone(&ballot));
-                // A node this client has not heard from yet may still have
-                // to be connected to: not cut below the new-node patience.
-                let timeout = if nodes[node].is_unknown() {
-                    timeout.max(NEW_NODE_PATIENCE).min(full)
-                } else {
-                    timeout
-                };
                 // Refused by the node if it arrives when nobody waits for
                 // its answer any more (its clock as last read; no limit
                 // before any reading).
@@ -204,12 +199,24 @@ impl QuorumBackend {
                     // Never past a node's own timeout (for a node not heard
                     // from yet, at least the new-node patience).
                     let patience = (started.elapsed() * factor).max(least);
-                    cutoff = Some(Instant::now() + patience.min(full));
+                    cutoff = Some(Instant::now() + patience.min(timeout));
                 }
             }
-            let next = match cutoff {
+            // The end of the wait, if it comes first: settled there if a
+            // majority answered.
+            let answers = said
+                .iter()
+                .filter(|said| matches!(said, Said::Voted(..)))
+                .count();
+            let cut = cut_at.filter(|_| answers >= quorum);
+            let until = match (cutoff, cut) {
+                (Some(patience), Some(cut)) => Some(patience.min(cut)),
+                (patience, cut) => patience.or(cut),
+            };
+            let next = match until {
                 Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
                     Ok(next) => next,
+                    Err(_) if cut.is_some_and(|cut| Instant::now() >= cut) => break,
                     Err(_) => {
                         // Silent past the patience: not waited for again
                         // until it answers (its call goes on meanwhile).
@@ -224,7 +231,7 @@ impl QuorumBackend {
                 None => pending.next().await,
             };
             let Some((node, answer)) = next else { break };
-            said[node] = self.hear(node, answer, timeout, cut_short);
+            said[node] = self.hear(node, answer, timeout);
         }
         // Nodes that failed their last call get no grace: with a minority
         // stopped, every acquisition would wait for it.
@@ -236,12 +243,13 @@ impl QuorumBackend {
             // is not left out of the hold (it would tolerate one failure
             // less); a stopped one is not waited for. A grant that comes
             // later holds the same value, which the release matches.
+            // Never past the nodes' own timeout.
             let grace = (started.elapsed() * 2)
                 .max(Duration::from_millis(2))
-                .min(timeout);
+                .min(timeout.saturating_sub(started.elapsed()));
             let _ = tokio::time::timeout(grace, async {
                 while let Some((node, answer)) = pending.next().await {
-                    said[node] = self.hear(node, answer, timeout, cut_short);
+                    said[node] = self.hear(node, answer, timeout);
                 }
             })
             .await;
@@ -257,7 +265,7 @@ impl QuorumBackend {
             // A node refused the semaphore's capacity: the caller's error,
             // not the nodes' (any grant elsewhere is given back).
             self.give_back_everywhere(&ballot);
-            self.finish_in_background(pending, Arc::clone(&ballot), timeout, cut_short);
+            self.finish_in_background(pending, Arc::clone(&ballot), timeout);
             return Err(error);
         }
         self.clock.read(started, &said);
@@ -292,8 +300,10 @@ impl QuorumBackend {
             // The write-back: a majority must have the token before it is
             // handed out; every node that answers gets it.
             let retention_ms = request.fence_retention_ms.unwrap_or(request.ttl_ms);
+            // Within the call's deadline, counted from this attempt's start.
+            let left = self.deadline.saturating_sub(started.elapsed());
             let raised = self
-                .write_back(request.keys, token, retention_ms, timeout)
+                .write_back(request.keys, token, retention_ms, timeout.min(left))
                 .await;
             if raised >= quorum && valid() {
                 return Ok(Acquire::Acquired {
@@ -318,7 +328,7 @@ impl QuorumBackend {
         // is unknown, in the background; the nodes yet to answer are heard
         // out there, and given back to if they grant it.
         self.give_back(&ballot, &said);
-        self.finish_in_background(pending, Arc::clone(&ballot), timeout, cut_short);
+        self.finish_in_background(pending, Arc::clone(&ballot), timeout);
         if granted(&said) >= quorum {
             // A majority granted it, but too late to hold it.
             self.step_out_of_line(place, &ballot);
@@ -333,20 +343,9 @@ impl QuorumBackend {
             .iter()
             .filter(|said| matches!(said, Said::Voted(..)))
             .count();
-        // Nodes cut off by the end of the wait that answered their last call
-        // could have answered this one: the lock was not acquired within the
-        // wait.
-        let cut_off = if cut_short {
-            (0..said.len())
-                .filter(|&node| {
-                    matches!(said[node], Said::Open | Said::Silent(Silence::NoAnswer(_)))
-                        && self.nodes[node].is_up()
-                })
-                .count()
-        } else {
-            0
-        };
-        if answers + cut_off >= quorum {
+        // Busy only when a majority answered (an attempt is cut short by
+        // the end of the wait only then).
+        if answers >= quorum {
             if let Some(place) = place.filter(|_| request.join) {
                 place.out_of_line.store(false, Ordering::Relaxed);
                 place.failures.store(0, Ordering::Relaxed);
@@ -443,7 +442,6 @@ impl QuorumBackend {
         node: usize,
         answer: Option<Result<Vote, LockError>>,
         timeout: Duration,
-        cut_short: bool,
     ) -> Said {
         let node_ref = &self.nodes[node];
         match answer {
@@ -465,9 +463,8 @@ impl QuorumBackend {
                 }
             }
             None => {
-                // Cut off by the end of the wait after only a few ms, it
-                // may be healthy.
-                node_ref.saw(no_answer(timeout, cut_short));
+                // No answer within its own timeout.
+                node_ref.saw(Some(false));
                 Said::Silent(Silence::NoAnswer(timeout))
             }
         }
@@ -483,7 +480,6 @@ impl QuorumBackend {
         mut pending: FuturesUnordered<NodeCall>,
         ballot: Arc<Ballot>,
         timeout: Duration,
-        cut_short: bool,
     ) {
         if pending.is_empty() {
             return;
@@ -505,7 +501,7 @@ impl QuorumBackend {
                 }
                 match &answer {
                     Some(result) => node_ref.saw(Some(answered(result))),
-                    None => node_ref.saw(no_answer(timeout, cut_short)),
+                    None => node_ref.saw(Some(false)),
                 }
                 if !refused {
                     let _ = tokio::time::timeout(
@@ -581,13 +577,6 @@ impl QuorumBackend {
             .await;
         });
     }
-}
-
-/// What a call that got no answer within `timeout` shows of its node's
-/// health (see `Node::saw`): down, unless the end of the wait cut it off
-/// after only a few ms.
-fn no_answer(timeout: Duration, cut_short: bool) -> Option<bool> {
-    (!cut_short || timeout >= NEW_NODE_PATIENCE).then_some(false)
 }
 
 /// What a waiter learns from an attempt that did not hold: its ticket (the
