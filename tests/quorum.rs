@@ -1369,3 +1369,41 @@ async fn no_majority_is_an_error_on_every_waiting_path_not_busy() {
     }
     eprintln!("{outcomes:#?}");
 }
+
+/// Issue 36, hole 8: a waiter whose attempts fail keeps trying until its
+/// wait ends, then returns the last Redis error, at most one call deadline
+/// after the end (design §3, §13). Two of three nodes killed: every attempt
+/// fails within milliseconds (refused connections). Before, the waiter gave
+/// up as soon as its next pause (doubling, 20 ms to 500 ms) would pass the
+/// end of its wait: after about 620 ms of a 1 s wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_waiter_keeps_trying_until_its_wait_ends() {
+    let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    open_connections(&client, &nodes).await;
+    nodes[0].kill();
+    nodes[1].kill();
+    let wait = Duration::from_secs(1);
+    for round in 0..3 {
+        let started = Instant::now();
+        let error = Lock::new("gone")
+            .wait(wait)
+            .client(client.clone())
+            .acquire()
+            .await
+            .expect_err("no majority is up");
+        let took = started.elapsed();
+        assert!(
+            matches!(error, LockError::Redis { .. }) && !error.is_busy(),
+            "#{round}: {error:?}"
+        );
+        assert!(
+            took >= wait,
+            "#{round}: the waiter gave up after {took:?} of its {wait:?}: {error}"
+        );
+        assert!(
+            took < wait + Duration::from_secs(2) + Duration::from_secs(2),
+            "#{round}: the waiter returned {took:?} after it began, its wait {wait:?}"
+        );
+    }
+}

@@ -401,13 +401,19 @@ impl Acquisition<'_> {
                     expires_in
                 }
                 // A connection that failed (and its retries within the call
-                // deadline): not a reason to give up while the wait lasts.
+                // deadline), or over a quorum too few nodes that answered:
+                // not a reason to give up while the wait lasts. Tried again
+                // until the wait ends (the last attempt at its end), then
+                // the last error, at most one call deadline after the end.
                 Err(LockError::Redis { source, .. })
                     if retryable(&source)
-                        && deadline
-                            .is_none_or(|deadline| Instant::now() + error_pause < deadline) =>
+                        && deadline.is_none_or(|deadline| Instant::now() < deadline) =>
                 {
-                    tokio::time::sleep(error_pause).await;
+                    let mut pause = error_pause;
+                    if let Some(deadline) = deadline {
+                        pause = pause.min(deadline.saturating_duration_since(Instant::now()));
+                    }
+                    tokio::time::sleep(pause).await;
                     error_pause = (error_pause * 2).min(QUEUE_REFRESH);
                     continue;
                 }
