@@ -1359,3 +1359,50 @@ async fn an_escaped_reentrant_body_stops_when_the_release_starts() {
         "the reentrant body ran while another client held the lock"
     );
 }
+
+/// Issue 36, hole 8: a waiting lock on a stalled connection ends one call
+/// deadline after its wait, not two (design §3). The proxy stalls (the
+/// connection stays open, nothing passes; connect 1 s + response 1 s, so a
+/// call deadline of 2 s); a lock with a 300 ms wait, acquired by hand and
+/// by `run`, fails with the Redis error within 300 ms + 2 s, plus slack.
+/// Before, the first attempt (`SET NX`) timed out at 2 s, then a waiting
+/// attempt was sent though the wait was over, on a new connection through
+/// the stalled proxy: 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lock_on_a_stalled_connection_ends_one_deadline_after_its_wait() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let deadline = Duration::from_secs(2);
+    warm_up(&client).await;
+    proxy.stall();
+    let wait = Duration::from_millis(300);
+    let lock = Lock::new("stalled-wait")
+        .ttl(LONG_TTL)
+        .wait(wait)
+        .client(client.clone());
+    for by_run in [false, true] {
+        let started = Instant::now();
+        let result = if by_run {
+            lock.run(async {}).await
+        } else {
+            lock.acquire().await.map(drop)
+        };
+        let took = started.elapsed();
+        let error = result.expect_err("the proxy is stalled");
+        assert_redis_error(&error);
+        assert!(
+            took < wait + deadline + Duration::from_secs(1),
+            "by_run {by_run}: failed after {took:?}, its wait {wait:?} and a call deadline \
+             {deadline:?}"
+        );
+    }
+    proxy.resume();
+    // Whatever the timed-out attempts did, the lock is free again soon.
+    assert_gone_within(&server, "stalled-wait", RETRY_WINDOW).await;
+}

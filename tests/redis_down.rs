@@ -228,3 +228,82 @@ async fn timeouts_out_of_range_are_rejected() {
         }
     }
 }
+
+/// Issue 36, hole 8: no call outlives its bounds (its wait, then one call
+/// deadline) by more than a round trip (design §3). A SIGSTOPped server
+/// (its connection open, nothing answers; connect 1 s + response 1 s, so a
+/// call deadline of 2 s): a try, and a waiting lock, read share, write lock
+/// and permit with a 200 ms wait each fail with the Redis error within
+/// 200 ms + 2 s, plus slack. Before, a waiting call's first `SET NX` timed
+/// out at 2 s and a waiting attempt was sent anyway, though its wait was
+/// over: 4 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_on_a_stopped_server_ends_one_call_deadline_after_its_wait() {
+    use lock_runtime::{RwLock, Semaphore};
+    let server = RedisServer::start();
+    let client = Client::new(
+        Config::new(server.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let deadline = Duration::from_secs(2);
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    signal(&server, "-STOP");
+    let wait = Duration::from_millis(200);
+    type Call = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LockError>> + Send>>;
+    let calls: Vec<(&str, Duration, Call)> = vec![
+        ("a try", Duration::ZERO, {
+            let lock = Lock::new("stopped").client(client.clone());
+            Box::pin(async move { lock.try_acquire().await.map(drop) })
+        }),
+        ("a waiting lock", wait, {
+            let lock = Lock::new("stopped").wait(wait).client(client.clone());
+            Box::pin(async move { lock.acquire().await.map(drop) })
+        }),
+        ("a waiting body", wait, {
+            let lock = Lock::new("stopped").wait(wait).client(client.clone());
+            Box::pin(async move { lock.run(async {}).await })
+        }),
+        ("a waiting read share", wait, {
+            let lock = RwLock::new("stopped-rw").client(client.clone());
+            Box::pin(async move { lock.read().wait(wait).acquire().await.map(drop) })
+        }),
+        ("a waiting write lock", wait, {
+            let lock = RwLock::new("stopped-rw").client(client.clone());
+            Box::pin(async move { lock.write().wait(wait).acquire().await.map(drop) })
+        }),
+        ("a waiting permit", wait, {
+            let lock = Semaphore::new("stopped-sem", 2).client(client.clone());
+            Box::pin(async move { lock.wait(wait).acquire().await.map(drop) })
+        }),
+    ];
+    let mut took = Vec::new();
+    for (what, wait, call) in calls {
+        let started = Instant::now();
+        let result = call.await;
+        let elapsed = started.elapsed();
+        took.push((what, elapsed));
+        let error = result.expect_err(what);
+        assert!(
+            matches!(error, LockError::Redis { .. }) && !error.is_busy(),
+            "{what}: {error:?}"
+        );
+        // One call deadline after the wait, and a second of slack for a
+        // loaded machine: half of what a second attempt would add.
+        assert!(
+            elapsed < wait + deadline + Duration::from_secs(1),
+            "{what} ended {elapsed:?} after it began, its wait {wait:?} and a call deadline \
+             {deadline:?} (all: {took:?})"
+        );
+    }
+    signal(&server, "-CONT");
+    eprintln!("{took:?}");
+}

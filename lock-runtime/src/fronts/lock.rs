@@ -362,13 +362,26 @@ impl Lock {
             && acquisition.core.backend().passes_in_process())
         .then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
+        // No attempt is sent once the wait is over: a call ends at most one
+        // call deadline after the end of its wait (a first attempt that
+        // timed out on a silent server must not be followed by another).
+        let over = || {
+            started
+                .checked_add(wait)
+                .is_some_and(|end| Instant::now() >= end)
+        };
+        let timed_out = || LockError::WaitTimeout {
+            name: self.name.clone(),
+            waited: started.elapsed(),
+        };
         if !respect && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
             // plain `SET NX PX`, and no cohort. Only a busy lock (or a failed
             // connection) goes on to the cohort and the queue.
             match acquisition.once().await {
+                Err(LockError::Busy { .. }) if over() => return Err(timed_out()),
                 Err(LockError::Busy { .. }) => {}
-                Err(LockError::Redis { source, .. }) if retryable(&source) => {}
+                Err(LockError::Redis { source, .. }) if retryable(&source) && !over() => {}
                 result => return result,
             }
         }
@@ -376,6 +389,7 @@ impl Lock {
         if cohorts.is_some() {
             match Box::pin(acquisition.join_cohort(started, wait)).await? {
                 Cohort::Passed(guard) => return Ok(guard),
+                Cohort::Representative(_) if over() => return Err(timed_out()),
                 Cohort::Representative(slot) => representative = Some(slot),
             }
         }
