@@ -634,3 +634,135 @@ async fn a_call_waiting_on_a_stalled_primary_goes_to_the_promoted_replica() {
     assert!(on_new.is_some(), "the lock is not on the new primary {new}");
     guard.release().await.unwrap();
 }
+
+/// Issue 36, hole 1: an acquisition sent again to the new primary at half
+/// its deadline holds a lock whose validity ends no later than its key's
+/// expiry on that primary (and on the replicas that would take over). The
+/// primary is stopped (SIGSTOP) before a waiting acquire of a free lock
+/// (ttl 10 s, response timeout 7 s: a deadline of 8 s, sent again at 4 s);
+/// the sentinels fail over, the call goes to the new primary and takes the
+/// lock there. Until the holder's validity ends, every sample of the key's
+/// expiry on the new primary and its replicas (their `PTTL`) is later than
+/// the end of the holder's validity, and another client asking just before
+/// that end is refused; the holder's release then finds its own lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_acquisition_is_valid_no_longer_than_its_key_on_the_new_primary() {
+    let setup = RedisSentinel::start();
+    let old = setup.primary().unwrap();
+    let client = || {
+        Client::new(
+            Config::new(setup.url(""))
+                .connect_timeout(Duration::from_secs(1))
+                .response_timeout(Duration::from_secs(7)),
+        )
+        .unwrap()
+    };
+    let (holder, other) = (client(), client());
+    for client in [&holder, &other] {
+        Lock::new("warm")
+            .client(client.clone())
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let ttl = Duration::from_secs(10);
+    signal(setup.node(old).unwrap(), "-STOP");
+    let started = Instant::now();
+    let taken = Lock::new("resent")
+        .ttl(ttl)
+        .wait(Duration::from_secs(15))
+        .client(holder.clone())
+        .acquire()
+        .await;
+    let took = started.elapsed();
+    let guard = taken.unwrap_or_else(|error| {
+        signal(setup.node(old).unwrap(), "-CONT");
+        panic!("the acquisition failed after {took:?}: {error}")
+    });
+    // The node that took the lock is the new primary (asked directly: the
+    // setup's helpers would also ask the stopped node, which does not
+    // answer).
+    let live: Vec<u16> = setup
+        .node_ports()
+        .iter()
+        .copied()
+        .filter(|&port| port != old)
+        .collect();
+    let is_primary = |port: u16| {
+        test_support::command(port, &["ROLE"]).is_ok_and(|role| role.contains("master"))
+    };
+    let new = live.iter().copied().find(|&port| is_primary(port));
+    let Some(new) = new else {
+        signal(setup.node(old).unwrap(), "-CONT");
+        panic!("no node but the stopped one is a primary: {live:?}")
+    };
+    // Sent again at half the deadline (4 s), not answered by the old one.
+    assert!(
+        took >= Duration::from_millis(3900),
+        "taken after {took:?}: not by the call sent again"
+    );
+    let pttl = |port: u16| -> Option<Duration> {
+        let reply = test_support::command(port, &["PTTL", "lock:{resent}"]).ok()?;
+        let ms: i64 = value(&reply)?.parse().ok()?;
+        u64::try_from(ms).ok().map(Duration::from_millis)
+    };
+    let replicates = |port: u16, primary: u16| {
+        test_support::command(port, &["INFO", "replication"]).is_ok_and(|info| {
+            info.contains(&format!("master_port:{primary}\r\n"))
+                && info.contains("master_link_status:up")
+        })
+    };
+    let mut samples = Vec::new();
+    let mut replicas_seen = false;
+    loop {
+        let remaining = guard.remaining();
+        if remaining < Duration::from_millis(300) {
+            break;
+        }
+        // The new primary and its replicas (the stopped node is not asked:
+        // it would not answer).
+        let mut ports = vec![new];
+        let replicas: Vec<u16> = live
+            .iter()
+            .copied()
+            .filter(|&port| port != new && replicates(port, new))
+            .collect();
+        replicas_seen |= !replicas.is_empty();
+        ports.extend(replicas);
+        for port in ports {
+            // Read after `now`: the key lives at least until now + its PTTL.
+            let now = Instant::now();
+            let remaining = guard.remaining();
+            let valid_until = now + remaining;
+            let left = pttl(port);
+            samples.push((now - started, port, left, remaining));
+            let expires = left.map(|left| now + left);
+            assert!(
+                expires.is_some_and(|expires| expires >= valid_until),
+                "node {port} (new primary {new}): the key expires {:?} after the holder's \
+                 validity ends (samples since the start: {samples:?})",
+                expires.map(|expires| expires.checked_duration_since(valid_until))
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(replicas_seen, "no replica followed the new primary {new}");
+    // Just before the holder's validity ends, the lock is still taken.
+    let refused = Lock::new("resent")
+        .client(other.clone())
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(&refused, Err(error) if error.is_busy()),
+        "another client asking {:?} before the holder's validity ended: {refused:?}",
+        guard.remaining()
+    );
+    guard.release().await.unwrap();
+    signal(setup.node(old).unwrap(), "-CONT");
+    eprintln!(
+        "taken after {took:?}; samples (since start, node, PTTL, holder's remaining): {samples:?}"
+    );
+}
