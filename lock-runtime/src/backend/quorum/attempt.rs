@@ -717,7 +717,7 @@ fn check(request: &AcquireRequest<'_>) -> Result<(), LockError> {
 /// How long one node may take to answer an acquisition: a small fraction
 /// of the ttl (a slow node must not eat the validity), within the call
 /// deadline.
-fn node_timeout(ttl_ms: u64, deadline: Duration) -> Duration {
+pub(super) fn node_timeout(ttl_ms: u64, deadline: Duration) -> Duration {
     Duration::from_millis(ttl_ms / 10)
         .clamp(Duration::from_millis(5), Duration::from_millis(500))
         .min(deadline)

@@ -162,6 +162,13 @@ impl Backend for QuorumBackend {
             // not `Busy` only because it guessed taken slots.
             let local = WaitPlace::default();
             let mut round = 0;
+            // Another round only while a whole one fits in the call
+            // deadline: a try ends within one call deadline.
+            let started = Instant::now();
+            let room = || {
+                started.elapsed() + attempt::node_timeout(request.ttl_ms, self.deadline)
+                    <= self.deadline
+            };
             loop {
                 let outcome = self
                     .attempt(AcquireRequest {
@@ -171,8 +178,8 @@ impl Backend for QuorumBackend {
                     .await;
                 round += 1;
                 match outcome {
-                    Ok(Acquire::Busy { .. }) if round < SLOT_ROUNDS && slots::promising(&local) => {
-                    }
+                    Ok(Acquire::Busy { .. })
+                        if round < SLOT_ROUNDS && slots::promising(&local) && room() => {}
                     outcome => return outcome,
                 }
             }
