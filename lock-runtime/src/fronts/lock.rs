@@ -287,8 +287,10 @@ impl Lock {
     ///
     /// - [`LockError::Busy`]: held by another holder and no `wait` was set;
     ///   [`LockError::WaitTimeout`]: still held when the wait ran out.
-    /// - [`LockError::Redis`]: Redis unreachable or failing (for a waiter, only
-    ///   once its wait is over: it keeps trying meanwhile).
+    /// - [`LockError::Redis`]: Redis unreachable or failing, or over a quorum
+    ///   too few nodes answering (for a waiter, only once its wait is over: it
+    ///   keeps trying until then, and returns the last error at most one call
+    ///   deadline, `connect_timeout + response_timeout`, after the wait).
     /// - [`LockError::NotReplicated`]: acknowledged mode, replicas did not
     ///   confirm in time (the lock was given back).
     /// - [`LockError::Lost`]: a reentrant entry whose outer hold was lost.
