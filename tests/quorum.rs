@@ -835,7 +835,9 @@ async fn a_fenced_acquisition_is_not_held_up_by_a_stopped_minority() {
             .ttl(Duration::from_secs(10))
             .client(client.clone())
     };
-    // Connections opened first.
+    // Connections to every node opened first (and the fencing scripts
+    // loaded on each), so that only the stopped node can hold it up.
+    open_connections(&client, &nodes).await;
     fenced()
         .try_acquire()
         .await
@@ -1102,16 +1104,11 @@ async fn fair_is_refused_over_a_quorum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_wait_is_kept_with_a_stopped_node_and_a_split_majority() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = quorum_client(&nodes);
-    // Connections opened first.
-    Lock::new("warm")
-        .client(client.clone())
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // Connections to every node opened first, each node heard from: the
+    // live nodes' answers do not wait for a connection to be made (an
+    // attempt settles at the end of the wait only once a majority answered).
+    let client = ready_quorum_client(&nodes).await;
+    open_connections(&client, &nodes).await;
     // Another client's minority attempt on node 1.
     redis(
         &nodes[1],
