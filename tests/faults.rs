@@ -1132,12 +1132,29 @@ impl Drop for Freezer {
 /// plain and a waiting acquire, a release), so that a fault injected next
 /// meets a warm client.
 async fn warm_up(client: &Client) {
-    let lock = Lock::new("warm").client(client.clone());
-    lock.acquire().await.unwrap().release().await.unwrap();
-    lock.wait(Duration::from_millis(10))
-        .run(async {})
-        .await
-        .unwrap();
+    // A client with short timeouts (`impatient`: 300 ms a call) may see its
+    // first calls time out on a loaded machine (a connection to make):
+    // tried again, under another name each time (a timed-out attempt may
+    // still take its lock), until both succeed.
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    for round in 0.. {
+        let lock = Lock::new(format!("warm-{round}")).client(client.clone());
+        let plain = match lock.acquire().await {
+            Ok(guard) => guard.release().await,
+            Err(error) => Err(error),
+        };
+        let waiting = match plain {
+            Ok(()) => lock.wait(Duration::from_millis(10)).run(async {}).await,
+            Err(error) => Err(error),
+        };
+        match waiting {
+            Ok(()) => return,
+            Err(error) => assert!(
+                Instant::now() < deadline,
+                "the client never warmed up: {error}"
+            ),
+        }
+    }
 }
 
 /// A client whose calls give up after 150 + 150 ms, for attempts that a
