@@ -73,10 +73,10 @@ fn pop(ctx: &mut Ctx, args: &[Vec<u8>], front: bool) -> Reply {
     }
     let count = match args.get(2) {
         None => None,
+        // getPositiveLongFromObjectOrReply: one error for both
         Some(arg) => match int_arg(arg) {
             Ok(count) if count >= 0 => Some(count as usize),
-            Ok(_) => return Reply::err("ERR value is out of range, must be positive"),
-            Err(error) => return error,
+            _ => return Reply::err("ERR value is out of range, must be positive"),
         },
     };
     let key = &args[1];
@@ -164,14 +164,15 @@ pub(super) fn lrem(ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
 }
 
 pub(super) fn lindex(ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
-    let index = match int_arg(&args[2]) {
-        Ok(index) => index,
-        Err(error) => return error,
-    };
+    // the key first, then the index (Redis 7.0's order)
     let list = match list(ctx, &args[1]) {
         Err(error) => return error,
         Ok(None) => return Reply::Nil,
         Ok(Some(list)) => list,
+    };
+    let index = match int_arg(&args[2]) {
+        Ok(index) => index,
+        Err(error) => return error,
     };
     let len = list.len() as i64;
     let at = if index < 0 { len + index } else { index };

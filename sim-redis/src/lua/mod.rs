@@ -371,7 +371,7 @@ fn lua_to_reply(value: LuaValue, depth: usize) -> Reply {
         LuaValue::Boolean(true) => Reply::Int(1),
         LuaValue::Boolean(false) => Reply::Nil,
         LuaValue::Integer(i) => Reply::Int(i),
-        LuaValue::Number(n) => Reply::Int(n as i64),
+        LuaValue::Number(n) => Reply::Int(truncate(n)),
         LuaValue::Table(table) => {
             if let Ok(LuaValue::String(err)) = table.raw_get::<LuaValue>("err") {
                 let text = String::from_utf8_lossy(&err.as_bytes()).into_owned();
@@ -412,6 +412,17 @@ fn lua_to_reply(value: LuaValue, depth: usize) -> Reply {
             Reply::Array(items)
         }
         _ => Reply::Nil,
+    }
+}
+
+/// C's `(long long)` cast of a double, as x86-64 does it: toward zero,
+/// and the "integer indefinite" value (`i64::MIN`) for NaN and numbers out
+/// of range (a script returning `1e20` replies with it).
+fn truncate(n: f64) -> i64 {
+    if n.is_nan() || n >= 9_223_372_036_854_775_808.0 || n < -9_223_372_036_854_775_808.0 {
+        i64::MIN
+    } else {
+        n as i64
     }
 }
 
