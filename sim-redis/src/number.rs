@@ -116,7 +116,7 @@ pub(crate) fn format_double(d: f64) -> String {
         .split_once('e')
         .expect("a formatted float has an exponent");
     let exponent: i32 = exponent.parse().expect("a formatted exponent is a number");
-    if exponent < -4 || exponent >= PRECISION {
+    if !(-4..PRECISION).contains(&exponent) {
         let mantissa = trim_fraction(mantissa);
         let sign = if exponent < 0 { '-' } else { '+' };
         format!("{mantissa}e{sign}{:02}", exponent.abs())

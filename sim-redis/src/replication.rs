@@ -259,7 +259,7 @@ impl Replication {
         if !self.is_replica() {
             return;
         }
-        let old = std::mem::replace(&mut self.replid, String::new());
+        let old = std::mem::take(&mut self.replid);
         self.replid2 = Some((old, self.offset));
         self.replid = self.new_replid();
         self.role = Role::Primary;

@@ -94,7 +94,7 @@ fn expire_generic(ctx: &mut Ctx, args: &[Vec<u8>], relative: bool, seconds: bool
     };
     let invalid = || Reply::err(format!("ERR invalid expire time in '{name}' command"));
     if seconds {
-        if when > i64::MAX / 1000 || when < i64::MIN / 1000 {
+        if !(i64::MIN / 1000..=i64::MAX / 1000).contains(&when) {
             return invalid();
         }
         when *= 1000;

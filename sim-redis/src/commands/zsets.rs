@@ -44,13 +44,13 @@ pub(super) fn zadd(ctx: &mut Ctx, args: &[Vec<u8>]) -> Reply {
         at += 1;
     }
     let pairs = &args[at..];
-    if pairs.is_empty() || pairs.len() % 2 != 0 {
+    if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
         return Reply::err(errors::SYNTAX);
     }
     if nx && xx {
         return Reply::err("ERR XX and NX options at the same time are not compatible");
     }
-    if (gt && nx) || (lt && nx) || (gt && lt) {
+    if ((gt || lt) && nx) || (gt && lt) {
         return Reply::err("ERR GT, LT, and/or NX options at the same time are not compatible");
     }
     if incr && pairs.len() > 2 {

@@ -419,7 +419,7 @@ fn lua_to_reply(value: LuaValue, depth: usize) -> Reply {
 /// and the "integer indefinite" value (`i64::MIN`) for NaN and numbers out
 /// of range (a script returning `1e20` replies with it).
 fn truncate(n: f64) -> i64 {
-    if n.is_nan() || n >= 9_223_372_036_854_775_808.0 || n < -9_223_372_036_854_775_808.0 {
+    if n.is_nan() || !(-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&n) {
         i64::MIN
     } else {
         n as i64

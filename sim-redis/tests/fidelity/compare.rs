@@ -94,7 +94,8 @@ pub fn states(keys: &[String], sim: &Value, real: &Value) -> Result<(), String> 
             }
             _ => false,
         };
-        if !(ttls_close && contents_match) && !dying(s, r) && !dying(r, s) {
+        let agree = (ttls_close && contents_match) || dying(s, r) || dying(r, s);
+        if !agree {
             return Err(format!("key {key}: simulator {s:?}, real {r:?}"));
         }
     }
