@@ -65,6 +65,9 @@
 //! - Inspection for checkers: [`Node::get`], [`Node::keys`],
 //!   [`Node::raw_entries`] (no side effect).
 //!
+//! A [`Node`] holds its own Lua state and the cluster topology is an
+//! `Rc`: nodes live on the harness's one thread (they are not `Send`).
+//!
 //! # What is modelled
 //!
 //! Redis 7.0.15's behaviour, replies and error wording for what the lock
