@@ -36,6 +36,7 @@ mod observe;
 mod redact;
 mod tls;
 mod token;
+mod transport;
 
 pub mod attribute;
 pub mod guide;

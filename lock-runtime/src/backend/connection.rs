@@ -26,11 +26,11 @@ use redis::{
     AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value,
 };
 
-use super::node_link::NodeLink;
-use super::router::Router;
 use super::scripts::ScriptsSent;
-use super::sentinel::{SentinelLink, Sentinels};
-use super::slot_map::Ranges;
+use crate::transport::cluster::slot_map::Ranges;
+use crate::transport::cluster::Router;
+use crate::transport::node::NodeLink;
+use crate::transport::sentinel::{SentinelLink, Sentinels};
 
 /// Where the calls go: one server (or a primary with replicas behind one
 /// address), a Redis Cluster named by its seed nodes, or the primary that

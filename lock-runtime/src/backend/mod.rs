@@ -10,17 +10,12 @@
 //! outcome unknown).
 
 mod ack_pool;
-mod connection;
-mod node_link;
+pub(crate) mod connection;
 mod notify;
 mod quorum;
 mod redis_backend;
-mod router;
 mod script_errors;
 mod scripts;
-mod sentinel;
-mod slot_map;
-mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
@@ -30,12 +25,12 @@ use futures_util::future::BoxFuture;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
+pub(crate) use crate::transport::sentinel::{is_no_primary, Sentinels};
 pub(crate) use connection::{retryable, Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
 pub(crate) use script_errors::{is_refusal, is_script_error};
-pub(crate) use sentinel::{is_no_primary, Sentinels};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,9 +37,9 @@ use std::time::Duration;
 use redis::ConnectionInfo;
 use tokio::sync::{watch, Notify};
 
-use super::slots;
 use crate::error::LockError;
 use crate::token::new_random_id;
+use crate::transport::cluster::slots;
 
 /// Where a client listens.
 pub(crate) enum Transport {

@@ -24,11 +24,12 @@ use super::scripts::{
     evalsha, run, LuaScript, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
 };
 use super::{
-    slots, Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
+    Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
     RecordWrite, Release, RenewItem, Snapshot,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::transport::cluster::slots;
 
 pub(crate) struct RedisBackend {
     connection: Connection,

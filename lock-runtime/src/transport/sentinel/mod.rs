@@ -48,7 +48,7 @@ use redis::{
 };
 use tokio::sync::watch;
 
-use super::connection::within;
+use crate::backend::connection::within;
 
 /// How long the answers of the sentinels beyond a majority are waited for:
 /// a sentinel that is slow or stalled is not waited for longer.
@@ -849,7 +849,7 @@ mod tests {
             text.contains("10.0.0.1:26379") && text.contains("10.0.0.2:26379"),
             "{text}"
         );
-        assert!(super::super::retryable(&error));
+        assert!(crate::backend::retryable(&error));
         let other: RedisError = std::io::Error::other("boom").into();
         assert!(!is_no_primary(&other));
     }
@@ -864,6 +864,6 @@ mod tests {
         .into();
         assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
         assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
-        assert!(!super::super::retryable(&error));
+        assert!(!crate::backend::retryable(&error));
     }
 }

@@ -27,10 +27,13 @@ use redis::{
     RedisResult, Value,
 };
 
-use super::connection::within;
-use super::node_link::NodeLink;
-use super::slot_map::{parse_cluster_slots, Ranges};
-use super::slots::slot;
+pub(crate) mod slot_map;
+pub(crate) mod slots;
+
+use self::slot_map::{parse_cluster_slots, Ranges};
+use self::slots::slot;
+use crate::backend::connection::within;
+use crate::transport::node::NodeLink;
 
 /// The slot map, and for each slot the connection to its primary (no
 /// lock, no hashing on a call's way).
