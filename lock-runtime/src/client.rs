@@ -400,7 +400,9 @@ impl Config {
     /// The server's URL, or each seed node's, parsed, with the TLS
     /// certificates.
     fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
-        self.tls.check()?;
+        self.tls
+            .check()
+            .map_err(|reason| ConfigError::InvalidTls { reason })?;
         if self.sentinel.is_some() {
             return Ok(self
                 .sentinel_parts()?
@@ -1118,5 +1120,47 @@ impl KindDescription for redis::RedisError {
             Some(detail) => format!("{:?}: {detail}", self.kind()),
             None => format!("{:?}", self.kind()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(not(feature = "tls-rustls"))]
+    const CERTIFICATE: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    /// Without the feature, `rediss://` and certificates are `Config`
+    /// errors naming the feature. (Only in a build without it: the tests
+    /// package turns it on, and Cargo unifies features across a workspace
+    /// build, so `scripts/test.sh` also runs `cargo test -p lock-runtime
+    /// --lib` on its own.)
+    #[cfg(not(feature = "tls-rustls"))]
+    #[test]
+    fn without_the_feature_rediss_and_certificates_say_how_to_get_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        for url in [
+            "rediss://user:hunter2@127.0.0.1:6380/",
+            "rediss-cluster://user:hunter2@127.0.0.1:6380,127.0.0.1:6381",
+            "rediss-quorum://user:hunter2@127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382",
+        ] {
+            let error = crate::Client::new(crate::Config::new(url)).expect_err("no TLS");
+            let message = error.to_string();
+            assert!(
+                message.contains("TLS") && message.contains("`tls-rustls` feature"),
+                "{message}"
+            );
+            assert!(!message.contains("not a valid Redis URL"), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        let error = crate::Client::new(
+            crate::Config::new("redis://127.0.0.1:6380/").tls_root_certificates(CERTIFICATE),
+        )
+        .expect_err("no TLS");
+        assert!(
+            error.to_string().contains("`tls-rustls` feature"),
+            "{error}"
+        );
     }
 }

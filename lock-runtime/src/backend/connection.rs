@@ -22,15 +22,15 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionLike;
-use redis::{
-    AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value,
-};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::scripts::ScriptsSent;
+use crate::error::retryable;
 use crate::transport::cluster::slot_map::Ranges;
 use crate::transport::cluster::Router;
 use crate::transport::node::NodeLink;
 use crate::transport::sentinel::{SentinelLink, Sentinels};
+use crate::transport::timed_out;
 
 /// Where the calls go: one server (or a primary with replicas behind one
 /// address), a Redis Cluster named by its seed nodes, or the primary that
@@ -467,55 +467,5 @@ where
     match tokio::time::timeout_at(deadline, call).await {
         Ok(reply) => Waited::Reply(reply),
         Err(_elapsed) => Waited::TimedOut,
-    }
-}
-
-/// Whether a failed call may succeed if sent again: the connection broke
-/// (the manager reconnects), or Redis asked to try again (loading after a
-/// restart, a cluster in transition). Not bad credentials, nor a rejected
-/// TLS certificate.
-pub(crate) fn retryable(error: &RedisError) -> bool {
-    if error.kind() == redis::ErrorKind::AuthenticationFailed {
-        return false;
-    }
-    // A certificate rejected in the TLS handshake (the server's, or ours
-    // by the server) stays rejected until the configuration changes.
-    if crate::tls::handshake_failure(error).is_some_and(|failure| failure.is_permanent()) {
-        return false;
-    }
-    // The cluster client retries nothing itself (see `Target::Cluster`):
-    // redirections and topology changes are retried here, where a retry
-    // is known to be one (an acquire then recognises its own token, a
-    // release a key its earlier attempt deleted).
-    matches!(
-        error.retry_method(),
-        RetryMethod::Reconnect
-            | RetryMethod::RetryImmediately
-            | RetryMethod::WaitAndRetry
-            | RetryMethod::MovedRedirect
-            | RetryMethod::AskRedirect
-            | RetryMethod::RefreshSlotsAndRetry
-            | RetryMethod::ReconnectFromInitialConnections
-    )
-}
-
-/// The error of a call that got no answer within `deadline`.
-pub(crate) fn timed_out(deadline: Duration) -> RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no answer within {deadline:?}"),
-    )
-    .into()
-}
-
-/// Runs one Redis call, failing with an I/O `TimedOut` error when it takes
-/// longer than `deadline`.
-pub(crate) async fn within<T>(
-    deadline: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(deadline, call).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(timed_out(deadline)),
     }
 }

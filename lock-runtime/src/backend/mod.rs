@@ -10,7 +10,7 @@
 //! outcome unknown).
 
 mod ack_pool;
-pub(crate) mod connection;
+mod connection;
 mod notify;
 mod quorum;
 mod redis_backend;
@@ -25,12 +25,12 @@ use futures_util::future::BoxFuture;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
-pub(crate) use crate::transport::sentinel::{is_no_primary, Sentinels};
-pub(crate) use connection::{retryable, Ack, Target};
+pub(crate) use crate::error::{is_refusal, retryable};
+pub(crate) use crate::transport::sentinel::Sentinels;
+pub(crate) use connection::{Ack, Target};
 pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
-pub(crate) use script_errors::{is_refusal, is_script_error};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

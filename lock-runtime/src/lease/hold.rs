@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{watch, Notify};
 
-use super::holders::Site;
+use super::holders::{Recorded, Site};
 use super::Core;
 use crate::backend::Kind;
 use crate::error::LostCause;
@@ -130,6 +130,28 @@ pub(crate) struct Hold {
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
+}
+
+impl Recorded for Hold {
+    fn taken_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    fn caller(&self) -> Option<&str> {
+        Hold::caller(self)
+    }
 }
 
 impl Hold {

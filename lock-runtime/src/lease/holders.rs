@@ -35,7 +35,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
 use crate::backend::{Backend, Kind, RecordWrite};
-use crate::lease::hold::Hold;
 
 /// A hold is written to the record once it has been held this long.
 pub(crate) const RECORD_AFTER: Duration = Duration::from_secs(1);
@@ -151,9 +150,22 @@ fn host_name() -> String {
     "unknown-host".to_owned()
 }
 
+/// What the holder record says of a hold (a `Hold`, which registers
+/// itself; a trait, so that this table stays below the holds).
+pub(crate) trait Recorded: Send + Sync {
+    /// When it was taken (its acquire's send time).
+    fn taken_at(&self) -> Instant;
+    fn kind(&self) -> Kind;
+    fn token(&self) -> &str;
+    /// The lock's name, as given.
+    fn name(&self) -> &str;
+    /// What took it (`Lock::caller`, the attribute's function), if known.
+    fn caller(&self) -> Option<&str>;
+}
+
 /// A hold in the table.
 struct Live {
-    hold: Weak<Hold>,
+    hold: Weak<dyn Recorded>,
     /// When it was taken (its acquire's send time).
     taken: Instant,
     /// The writer chose to write it: its removal must reach the record.
@@ -264,13 +276,14 @@ impl Holders {
 
     /// Adds `hold` to the table (the record gets it once it has been held
     /// for [`RECORD_AFTER`]); it leaves when the returned handle is dropped.
-    pub(crate) fn register(self: &Arc<Self>, hold: &Arc<Hold>) -> Registered {
+    pub(crate) fn register<H: Recorded + 'static>(self: &Arc<Self>, hold: &Arc<H>) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let weak: Weak<dyn Recorded> = Arc::downgrade(hold) as Weak<dyn Recorded>;
         self.shard(id).insert(
             id,
             Live {
-                hold: Arc::downgrade(hold),
-                taken: hold.acquired_at,
+                hold: weak,
+                taken: hold.taken_at(),
                 recorded: false,
             },
         );
@@ -371,7 +384,7 @@ impl Drop for Alive {
 /// One reading of the table.
 #[derive(Default)]
 struct Reading {
-    to_write: Vec<(u64, Arc<Hold>)>,
+    to_write: Vec<(u64, Arc<dyn Recorded>)>,
     present: HashSet<u64>,
     next_due: Option<Instant>,
 }
@@ -448,7 +461,7 @@ impl Holders {
             .iter()
             .filter(|(id, _)| whole || !writer.in_redis.contains_key(id))
             .map(|(id, hold)| {
-                let (field, value) = hold_entry(hold, now);
+                let (field, value) = hold_entry(hold.as_ref(), now);
                 (*id, field, value)
             })
             .collect();
@@ -567,11 +580,11 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 /// A hold's field and value in the record (see [`HOLD_FIELD_PREFIX`]).
-fn hold_entry(hold: &Hold, now: Instant) -> (String, String) {
+fn hold_entry(hold: &dyn Recorded, now: Instant) -> (String, String) {
     let taken = SystemTime::now()
-        .checked_sub(now.saturating_duration_since(hold.acquired_at))
+        .checked_sub(now.saturating_duration_since(hold.taken_at()))
         .unwrap_or(UNIX_EPOCH);
-    let kind: Cow<'static, str> = match hold.kind {
+    let kind: Cow<'static, str> = match hold.kind() {
         Kind::Exclusive => "lock".into(),
         Kind::Read => "read".into(),
         Kind::Write => "write".into(),
@@ -579,7 +592,7 @@ fn hold_entry(hold: &Hold, now: Instant) -> (String, String) {
     };
     let caller = hold.caller().unwrap_or_default().replace('|', "/");
     (
-        hold_field(&hold.token),
+        hold_field(hold.token()),
         format!("{}|{kind}|{caller}|{}", unix_ms(taken), hold.name()),
     )
 }

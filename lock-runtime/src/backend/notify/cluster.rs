@@ -24,7 +24,7 @@ use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 
 use super::{Notifier, Transport};
-use crate::backend::connection::within;
+use crate::transport::within;
 
 /// The pause before connecting or subscribing again after a failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use super::{Notifier, Transport};
-use crate::backend::connection::within;
+use crate::transport::within;
 
 /// The pause before connecting again after a failure.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);

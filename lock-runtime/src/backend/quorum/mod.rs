@@ -536,7 +536,7 @@ impl Backend for QuorumBackend {
                         Err(LockError::redis(
                             write.key,
                             "write of the holder record",
-                            crate::backend::connection::timed_out(self.deadline),
+                            crate::transport::timed_out(self.deadline),
                         ))
                     })
             }))
@@ -561,7 +561,7 @@ impl Backend for QuorumBackend {
                         Err(LockError::redis(
                             key,
                             "read of the holder record",
-                            crate::backend::connection::timed_out(self.deadline),
+                            crate::transport::timed_out(self.deadline),
                         ))
                     })
             }))

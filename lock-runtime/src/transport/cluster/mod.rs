@@ -32,8 +32,8 @@ pub(crate) mod slots;
 
 use self::slot_map::{parse_cluster_slots, Ranges};
 use self::slots::slot;
-use crate::backend::connection::within;
 use crate::transport::node::NodeLink;
+use crate::transport::within;
 
 /// The slot map, and for each slot the connection to its primary (no
 /// lock, no hashing on a call's way).

@@ -33,8 +33,6 @@
 //! is one `SENTINEL` command and one `ROLE`.
 
 use std::collections::HashMap;
-use std::error::Error;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -48,7 +46,8 @@ use redis::{
 };
 use tokio::sync::watch;
 
-use crate::backend::connection::within;
+use crate::error::NoPrimary;
+use crate::transport::within;
 
 /// How long the answers of the sentinels beyond a majority are waited for:
 /// a sentinel that is slow or stalled is not waited for longer.
@@ -650,66 +649,6 @@ impl Refusal {
     }
 }
 
-/// No sentinel named a primary that answers as one: what each said.
-#[derive(Debug)]
-pub(crate) struct NoPrimary {
-    master: String,
-    reports: Vec<String>,
-    /// Every sentinel refused the login, or every primary named did: a
-    /// configuration mistake, not retried.
-    login_refused: bool,
-}
-
-impl fmt::Display for NoPrimary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Redis Sentinel gave no primary for `{}` that answers as one: {}",
-            self.master,
-            self.reports.join("; ")
-        )
-    }
-}
-
-impl Error for NoPrimary {}
-
-impl From<NoPrimary> for RedisError {
-    /// An I/O error (retried within the call's deadline, as a primary
-    /// that cannot be reached is) that keeps the reports; an
-    /// authentication failure (not retried) when every login was refused.
-    fn from(error: NoPrimary) -> RedisError {
-        if error.login_refused {
-            return RedisError::from((
-                redis::ErrorKind::AuthenticationFailed,
-                "Redis Sentinel: the login was refused",
-                error.to_string(),
-            ));
-        }
-        std::io::Error::new(std::io::ErrorKind::NotConnected, error).into()
-    }
-}
-
-/// Whether `error` is a [`NoPrimary`] (for its advice).
-pub(crate) fn is_no_primary(error: &RedisError) -> bool {
-    let mut next: Option<&(dyn Error + 'static)> = error.source();
-    for _ in 0..4 {
-        let Some(current) = next else {
-            return false;
-        };
-        if current.is::<NoPrimary>() {
-            return true;
-        }
-        next = if let Some(io) = current.downcast_ref::<std::io::Error>() {
-            io.get_ref().map(|inner| inner as &(dyn Error + 'static))
-        } else if let Some(shared) = current.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
-            Some(shared.as_ref() as &(dyn Error + 'static))
-        } else {
-            current.source()
-        };
-    }
-    false
-}
-
 /// The lock calls' connection to the primary the sentinels name: opened on
 /// first use, and again when the primary changes (a new epoch) or after it
 /// failed. Cheap to share; one multiplexed connection.
@@ -826,44 +765,4 @@ fn lost_primary(error: &RedisError) -> bool {
                 redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
             )
         )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_no_primary_error_is_recognised_and_names_each_sentinel() {
-        let error: RedisError = NoPrimary {
-            master: "mymaster".to_owned(),
-            reports: vec![
-                "sentinel 10.0.0.1:26379 could not be asked (refused)".to_owned(),
-                "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
-            ],
-            login_refused: false,
-        }
-        .into();
-        assert!(is_no_primary(&error));
-        let text = error.to_string();
-        assert!(
-            text.contains("10.0.0.1:26379") && text.contains("10.0.0.2:26379"),
-            "{text}"
-        );
-        assert!(crate::backend::retryable(&error));
-        let other: RedisError = std::io::Error::other("boom").into();
-        assert!(!is_no_primary(&other));
-    }
-
-    #[test]
-    fn a_refused_login_everywhere_is_not_retried() {
-        let error: RedisError = NoPrimary {
-            master: "mymaster".to_owned(),
-            reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
-            login_refused: true,
-        }
-        .into();
-        assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
-        assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
-        assert!(!crate::backend::retryable(&error));
-    }
 }
