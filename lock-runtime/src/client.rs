@@ -5,12 +5,10 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use redis::AsyncConnectionConfig;
-
 mod sentinel;
 
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};
-use crate::backend::{Notifier, NotifyTransport as Transport};
+use crate::backend::{Listen, Notifier};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::holders::Identity;
@@ -19,6 +17,7 @@ use crate::lease::Core;
 use crate::redact::redact_url;
 use crate::tls::{self, TlsSettings};
 use crate::token::new_client_id;
+use crate::transport::Transport;
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -74,6 +73,9 @@ pub struct Config {
     instance: Option<String>,
     /// A Sentinel option given to a configuration without Sentinel.
     misplaced: Option<&'static str>,
+    /// The simulated network every connection is opened on, instead of TCP.
+    #[cfg(feature = "simulation")]
+    network: Option<Arc<dyn crate::simulation::Network>>,
 }
 
 impl Config {
@@ -125,6 +127,8 @@ impl Config {
             tls: TlsSettings::default(),
             instance: None,
             misplaced: None,
+            #[cfg(feature = "simulation")]
+            network: None,
         }
     }
 
@@ -376,6 +380,20 @@ impl Config {
     /// 256 bytes, no control characters.
     pub fn instance(mut self, name: impl Into<String>) -> Self {
         self.instance = Some(name.into());
+        self
+    }
+
+    /// Simulation (feature `simulation`, not a public API): every
+    /// connection of the client (calls, pub/sub, the sentinels, a cluster's
+    /// nodes, a quorum's) is opened on `network` instead of over TCP, to the
+    /// addresses the URLs, the sentinels and the slot map name (docs/design.md
+    /// §10). Its host name is not read from the system: the holder record says
+    /// `simulated`, process id 0 (give each client an
+    /// [`instance`](Self::instance)).
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn network(mut self, network: Arc<dyn crate::simulation::Network>) -> Self {
+        self.network = Some(network);
         self
     }
 
@@ -720,13 +738,17 @@ impl Client {
             // program installed itself.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let connection_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // Each call runs under `Connection::call`'s deadline (connect +
-            // response timeout, retries included), which also bounds the
-            // wait for a connection to open; a second timer per command
-            // inside the connection would only cost time.
-            .set_response_timeout(None);
+        // Each connection opens within the connect timeout, and has no
+        // response timeout: each call runs under `Connection::call`'s
+        // deadline (connect + response timeout, retries included), which
+        // also bounds the wait for a connection to open; a second timer per
+        // command inside the connection would only cost time.
+        let transport = Transport::tcp(config.connect_timeout);
+        #[cfg(feature = "simulation")]
+        let transport = match &config.network {
+            Some(network) => transport.simulated(Arc::clone(network)),
+            None => transport,
+        };
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,
             timeout_ms: timeout.as_millis() as u64,
@@ -746,7 +768,7 @@ impl Client {
                 nodes,
                 master,
                 primary,
-                config.connect_timeout,
+                transport.clone(),
                 call_deadline(&config),
             ))
         } else {
@@ -762,7 +784,7 @@ impl Client {
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
-                connection_config,
+                transport.clone(),
                 call_deadline(&config),
             )))
         } else if config.is_quorum() {
@@ -782,11 +804,9 @@ impl Client {
             let nodes = seeds
                 .iter()
                 .map(|node| {
-                    let backend = set_up(CallTarget::Node(
-                        Box::new(node.clone()),
-                        connection_config.clone(),
-                    ))
-                    .quorum_node();
+                    let backend =
+                        set_up(CallTarget::Node(Box::new(node.clone()), transport.clone()))
+                            .quorum_node();
                     // `host:port`: never the credentials.
                     Ok((backend, node.get_connection_info().addr().to_string()))
                 })
@@ -795,27 +815,24 @@ impl Client {
         } else {
             Arc::new(set_up(CallTarget::Node(
                 Box::new(seeds[0].clone()),
-                connection_config,
+                transport.clone(),
             )))
         };
-        let transport = if let Some(sentinels) = sentinels {
-            Transport::Sentinel(sentinels)
+        let listen = if let Some(sentinels) = sentinels {
+            Listen::Sentinel(sentinels)
         } else if config.is_cluster() {
-            Transport::Cluster {
-                seeds: seeds
+            Listen::Cluster(
+                seeds
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
-                connect_timeout: config.connect_timeout,
-                #[cfg(feature = "tls-rustls")]
-                tls: config.tls.certificates(),
-            }
+            )
         } else if config.is_quorum() {
-            Transport::Quorum(seeds)
+            Listen::Quorum(seeds)
         } else {
-            Transport::Node(seeds)
+            Listen::Node(seeds)
         };
-        let notifier = Notifier::new(transport, call_deadline(&config))?;
+        let notifier = Notifier::new(listen, transport, call_deadline(&config))?;
         let identity = Identity::new(new_client_id()?, config.instance.clone());
         let core = Core::new(backend, notifier, config.key_prefix.clone(), identity);
         Ok(Client {

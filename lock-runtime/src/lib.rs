@@ -41,6 +41,17 @@ mod transport;
 pub mod attribute;
 pub mod guide;
 
+/// Deterministic simulation (feature `simulation`; not a public API, for
+/// the project's simulation harness): the network a harness implements
+/// ([`Network`](simulation::Network), [`Conn`](simulation::Conn)), given to
+/// `Config::network`. docs/design.md §10.
+#[cfg(feature = "simulation")]
+#[doc(hidden)]
+pub mod simulation {
+    pub use crate::transport::simulated::{Conn, Network, Push};
+    pub use futures_util::future::BoxFuture;
+}
+
 /// What `#[distributed_lock]` expands to calls. Not a public API: only the
 /// attribute's expansion uses it.
 #[doc(hidden)]

@@ -227,9 +227,10 @@ impl Crate {
     fn is_inline(&self, file: &ModPath, module: &[String]) -> bool {
         module.len() > file.len()
             && module.starts_with(file)
-            && self.files.get(file).is_some_and(|text| {
-                references_inline_mods(text).contains(&module[file.len()..])
-            })
+            && self
+                .files
+                .get(file)
+                .is_some_and(|text| references_inline_mods(text).contains(&module[file.len()..]))
     }
 }
 

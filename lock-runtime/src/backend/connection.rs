@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionLike;
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::scripts::ScriptsSent;
 use crate::error::retryable;
@@ -30,17 +30,17 @@ use crate::transport::cluster::slot_map::Ranges;
 use crate::transport::cluster::Router;
 use crate::transport::node::NodeLink;
 use crate::transport::sentinel::{SentinelLink, Sentinels};
-use crate::transport::timed_out;
+use crate::transport::{timed_out, Transport};
 
 /// Where the calls go: one server (or a primary with replicas behind one
 /// address), a Redis Cluster named by its seed nodes, or the primary that
 /// Redis Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Target {
-    Node(Box<redis::Client>, AsyncConnectionConfig),
-    /// The seed nodes, the connections' settings, and the longest a node
+    Node(Box<redis::Client>, Transport),
+    /// The seed nodes, how connections are opened, and the longest a node
     /// may take to answer `CLUSTER SLOTS`.
-    Cluster(Vec<redis::ConnectionInfo>, AsyncConnectionConfig, Duration),
+    Cluster(Vec<redis::ConnectionInfo>, Transport, Duration),
     /// The primary of a master name, as the sentinels name it
     /// (`sentinel.rs`): each link a connection of its own to it.
     Sentinel(Arc<Sentinels>),
@@ -50,12 +50,12 @@ impl Target {
     /// A new connection (opened on first use).
     pub(crate) fn open(&self) -> Link {
         match self {
-            Target::Node(redis, config) => {
-                Link::Node(NodeLink::new((**redis).clone(), config.clone()))
+            Target::Node(redis, transport) => {
+                Link::Node(NodeLink::new((**redis).clone(), transport.clone()))
             }
-            Target::Cluster(seeds, config, deadline) => Link::Cluster(Arc::new(Router::new(
+            Target::Cluster(seeds, transport, deadline) => Link::Cluster(Arc::new(Router::new(
                 seeds.clone(),
-                config.clone(),
+                transport.clone(),
                 *deadline,
             ))),
             Target::Sentinel(sentinels) => {

@@ -28,7 +28,7 @@ use crate::keys::LockKeys;
 pub(crate) use crate::error::{is_refusal, retryable};
 pub(crate) use crate::transport::sentinel::Sentinels;
 pub(crate) use connection::{Ack, Target};
-pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
+pub(crate) use notify::{wait_for, Listen, Notifier, Subscription};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
 

@@ -40,9 +40,10 @@ use tokio::sync::{watch, Notify};
 use crate::error::LockError;
 use crate::token::new_random_id;
 use crate::transport::cluster::slots;
+use crate::transport::Transport;
 
 /// Where a client listens.
-pub(crate) enum Transport {
+pub(crate) enum Listen {
     /// One server: its address, or (for the notifier of a cluster that
     /// falls back to it) seed nodes tried in turn.
     Node(Vec<redis::Client>),
@@ -53,18 +54,14 @@ pub(crate) enum Transport {
     /// The primary Redis Sentinel names: listened on there, and moved to
     /// the new primary when it changes.
     Sentinel(Arc<super::Sentinels>),
-    /// A Redis Cluster, named by its seed nodes.
-    Cluster {
-        seeds: Vec<ConnectionInfo>,
-        connect_timeout: Duration,
-        /// The TLS certificates, if given (the cluster client takes them
-        /// apart from the seeds).
-        #[cfg(feature = "tls-rustls")]
-        tls: Option<redis::TlsCertificates>,
-    },
+    /// A Redis Cluster, named by its seed nodes (their settings: TLS,
+    /// credentials).
+    Cluster(Vec<ConnectionInfo>),
 }
 
 pub(crate) struct Notifier {
+    listen: Listen,
+    /// How its connections are opened.
     transport: Transport,
     deadline: Duration,
     /// This client's random id, in its channels' names.
@@ -142,11 +139,13 @@ impl Drop for Subscription {
 
 impl Notifier {
     pub(crate) fn new(
+        listen: Listen,
         transport: Transport,
         deadline: Duration,
     ) -> Result<Arc<Notifier>, LockError> {
         let id = new_random_id()?;
         Ok(Arc::new(Notifier {
+            listen,
             transport,
             deadline,
             id,
@@ -188,7 +187,7 @@ impl Notifier {
     }
 
     fn is_cluster(&self) -> bool {
-        matches!(self.transport, Transport::Cluster { .. })
+        matches!(self.listen, Listen::Cluster(_))
     }
 
     /// Where the waiters of the lock whose keys are in `key`'s slot are
@@ -299,10 +298,10 @@ impl Notifier {
         };
         self.ready.send_if_modified(Slots::lose_all);
         let notifier = Arc::downgrade(self);
-        *task = Some(match &self.transport {
-            Transport::Node(_) | Transport::Sentinel(_) => runtime.spawn(node::run(notifier)),
-            Transport::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
-            Transport::Cluster { .. } => runtime.spawn(cluster::run(notifier)),
+        *task = Some(match &self.listen {
+            Listen::Node(_) | Listen::Sentinel(_) => runtime.spawn(node::run(notifier)),
+            Listen::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
+            Listen::Cluster(_) => runtime.spawn(cluster::run(notifier)),
         });
         true
     }

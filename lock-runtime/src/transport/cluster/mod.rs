@@ -22,10 +22,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 
 use redis::aio::ConnectionLike;
-use redis::{
-    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError,
-    RedisResult, Value,
-};
+use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 
 pub(crate) mod slot_map;
 pub(crate) mod slots;
@@ -34,6 +31,7 @@ use self::slot_map::{parse_cluster_slots, Ranges};
 use self::slots::slot;
 use crate::transport::node::NodeLink;
 use crate::transport::within;
+use crate::transport::Transport;
 
 /// The slot map, and for each slot the connection to its primary (no
 /// lock, no hashing on a call's way).
@@ -49,7 +47,8 @@ const NONE: u16 = u16::MAX;
 pub(crate) struct Router {
     /// The seed nodes (their settings: credentials, TLS, database).
     seeds: Vec<ConnectionInfo>,
-    config: AsyncConnectionConfig,
+    /// How the nodes' connections are opened.
+    transport: Transport,
     /// The longest a node may take to answer `CLUSTER SLOTS`.
     deadline: Duration,
     /// Which primary serves which slot, and its connection, if known.
@@ -67,12 +66,12 @@ pub(crate) struct Router {
 impl Router {
     pub(crate) fn new(
         seeds: Vec<ConnectionInfo>,
-        config: AsyncConnectionConfig,
+        transport: Transport,
         deadline: Duration,
     ) -> Router {
         Router {
             seeds,
-            config,
+            transport,
             deadline,
             table: ArcSwapOption::empty(),
             nodes: Mutex::new(HashMap::new()),
@@ -227,7 +226,7 @@ impl Router {
             _ => ConnectionAddr::Tcp(host, port),
         };
         let client = redis::Client::open(seed.clone().set_addr(addr))?;
-        let connection = NodeLink::new(client, self.config.clone());
+        let connection = NodeLink::new(client, self.transport.clone());
         Ok(self
             .nodes()
             .entry(address.to_owned())

@@ -39,15 +39,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult,
-    Value,
-};
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 use tokio::sync::watch;
 
 use crate::error::NoPrimary;
-use crate::transport::within;
+use crate::transport::{within, Transport, Wire};
 
 /// How long the answers of the sentinels beyond a majority are waited for:
 /// a sentinel that is slow or stalled is not waited for longer.
@@ -67,9 +63,9 @@ pub(crate) struct Sentinels {
     /// The data nodes' settings (credentials, database, TLS and its
     /// certificates); its address is replaced by the primary's.
     primary_settings: ConnectionInfo,
-    /// The settings of every connection: the connect timeout; no response
-    /// timeout (each call runs under `Connection::call`'s deadline).
-    connection_config: AsyncConnectionConfig,
+    /// How every connection is opened: within the connect timeout; no
+    /// response timeout (each call runs under `Connection::call`'s deadline).
+    transport: Transport,
     /// The longest a sentinel's answer or a `ROLE` check may take.
     deadline: Duration,
     state: Mutex<State>,
@@ -89,7 +85,7 @@ struct Node {
     /// `host:port`, for messages (never the credentials).
     address: String,
     /// Its connection, kept between resolutions.
-    connection: Mutex<Option<MultiplexedConnection>>,
+    connection: Mutex<Option<Wire>>,
 }
 
 /// What is known of the primary.
@@ -118,7 +114,7 @@ impl Sentinels {
         nodes: Vec<(redis::Client, String)>,
         master: String,
         primary_settings: ConnectionInfo,
-        connect_timeout: Duration,
+        transport: Transport,
         deadline: Duration,
     ) -> Arc<Sentinels> {
         Arc::new(Sentinels {
@@ -132,9 +128,7 @@ impl Sentinels {
                 .collect(),
             master,
             primary_settings,
-            connection_config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(None),
+            transport,
             deadline,
             state: Mutex::new(State {
                 primary: None,
@@ -169,9 +163,9 @@ impl Sentinels {
         self.primary_settings.redis_settings().db()
     }
 
-    /// The settings a connection to a data node is opened with.
-    pub(crate) fn connection_config(&self) -> &AsyncConnectionConfig {
-        &self.connection_config
+    /// How a connection to a data node is opened.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// A connection to the primary of epoch `epoch` failed, closed, or was
@@ -331,9 +325,7 @@ impl Sentinels {
     async fn check(&self, host: &str, port: u16) -> Result<(), Refusal> {
         let check = async {
             let client = self.client_for(host, port)?;
-            let mut connection = client
-                .get_multiplexed_async_connection_with_config(&self.connection_config)
-                .await?;
+            let mut connection = self.transport.connect(&client).await?;
             redis::cmd("ROLE")
                 .query_async::<redis::Role>(&mut connection)
                 .await
@@ -473,10 +465,7 @@ impl Sentinels {
             let mut connection = match kept {
                 Some(connection) => connection,
                 None => {
-                    let connection = node
-                        .client
-                        .get_multiplexed_async_connection_with_config(&self.connection_config)
-                        .await?;
+                    let connection = self.transport.connect(&node.client).await?;
                     *node
                         .connection
                         .lock()
@@ -591,14 +580,15 @@ async fn watch_switches(sentinels: Weak<Sentinels>, index: usize) {
         let Some(this) = sentinels.upgrade() else {
             return;
         };
-        let (client, deadline, master) = (
+        let (client, deadline, master, transport) = (
             this.nodes[index].client.clone(),
             this.deadline,
             this.master.clone(),
+            this.transport.clone(),
         );
         drop(this);
         let subscribed = within(deadline, async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let mut pubsub = transport.pubsub(&client).await?;
             pubsub.subscribe(SWITCH_MASTER).await?;
             Ok(pubsub)
         })
@@ -610,7 +600,7 @@ async fn watch_switches(sentinels: Weak<Sentinels>, index: usize) {
                 };
                 this.refresh().await;
             }
-            let mut messages = pubsub.into_on_message();
+            let mut messages = pubsub.into_messages();
             while let Some(message) = messages.next().await {
                 let Some(this) = sentinels.upgrade() else {
                     return;
@@ -661,7 +651,7 @@ pub(crate) struct SentinelLink {
 /// An open connection, and the epoch of the primary it goes to.
 struct Open {
     epoch: u64,
-    connection: MultiplexedConnection,
+    connection: Wire,
 }
 
 impl SentinelLink {
@@ -697,8 +687,10 @@ impl SentinelLink {
             return Ok(open);
         }
         let (epoch, client) = self.sentinels.primary().await?;
-        let connection = client
-            .get_multiplexed_async_connection_with_config(self.sentinels.connection_config())
+        let connection = self
+            .sentinels
+            .transport()
+            .connect(&client)
             .await
             .inspect_err(|_| self.sentinels.suspect(epoch))?;
         let open = Arc::new(Open { epoch, connection });
@@ -718,7 +710,7 @@ impl SentinelLink {
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
         let open = self.connection().await?;
         let mut connection = open.connection.clone();
-        let reply = connection.req_packed_command(cmd).await;
+        let reply = connection.send(cmd).await;
         match &reply {
             Err(error) => self.note(&open, error),
             Ok(Value::ServerError(error)) => self.note(&open, &RedisError::from(error.clone())),
@@ -735,9 +727,7 @@ impl SentinelLink {
     ) -> RedisResult<Vec<Value>> {
         let open = self.connection().await?;
         let mut connection = open.connection.clone();
-        let values = connection
-            .req_packed_commands(pipeline, offset, count)
-            .await;
+        let values = connection.send_pipeline(pipeline, offset, count).await;
         match &values {
             Err(error) => self.note(&open, error),
             Ok(values) => {
