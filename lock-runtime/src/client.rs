@@ -16,8 +16,9 @@ use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
 use crate::redact::redact_url;
 use crate::tls::{self, TlsSettings};
-use crate::token::new_client_id;
+use crate::token::Random;
 use crate::transport::Transport;
+use crate::wall_clock::WallClock;
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -76,6 +77,12 @@ pub struct Config {
     /// The simulated network every connection is opened on, instead of TCP.
     #[cfg(feature = "simulation")]
     network: Option<Arc<dyn crate::simulation::Network>>,
+    /// The seed of the client's random bits, instead of the system's.
+    #[cfg(feature = "simulation")]
+    random_seed: Option<u64>,
+    /// The wall clock the client reads, instead of the system's.
+    #[cfg(feature = "simulation")]
+    wall_clock: Option<Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>>,
 }
 
 impl Config {
@@ -129,6 +136,10 @@ impl Config {
             misplaced: None,
             #[cfg(feature = "simulation")]
             network: None,
+            #[cfg(feature = "simulation")]
+            random_seed: None,
+            #[cfg(feature = "simulation")]
+            wall_clock: None,
         }
     }
 
@@ -394,6 +405,32 @@ impl Config {
     #[doc(hidden)]
     pub fn network(mut self, network: Arc<dyn crate::simulation::Network>) -> Self {
         self.network = Some(network);
+        self
+    }
+
+    /// Simulation (feature `simulation`, not a public API): the client's
+    /// random bits (its id, its notifier's channel, every token, a quorum's
+    /// pauses after split votes and the semaphore slots it tries first) come
+    /// from a generator seeded with `seed` instead of the operating system:
+    /// the same seed, the same bits, in the order the client draws them.
+    /// Never for real use: such tokens are predictable.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn random_seed(mut self, seed: u64) -> Self {
+        self.random_seed = Some(seed);
+        self
+    }
+
+    /// Simulation (feature `simulation`, not a public API): the wall clock
+    /// the client reads (the holder record's `started_ms` and each hold's
+    /// time taken), instead of the system's: the harness's virtual time.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn wall_clock(
+        mut self,
+        clock: impl Fn() -> std::time::SystemTime + Send + Sync + 'static,
+    ) -> Self {
+        self.wall_clock = Some(Arc::new(clock));
         self
     }
 
@@ -744,11 +781,24 @@ impl Client {
         // also bounds the wait for a connection to open; a second timer per
         // command inside the connection would only cost time.
         let transport = Transport::tcp(config.connect_timeout);
+        let random = Random::default();
+        let clock = WallClock::default();
         #[cfg(feature = "simulation")]
-        let transport = match &config.network {
-            Some(network) => transport.simulated(Arc::clone(network)),
-            None => transport,
-        };
+        let (transport, random, clock) = (
+            match &config.network {
+                Some(network) => transport.simulated(Arc::clone(network)),
+                None => transport,
+            },
+            config.random_seed.map_or(random, Random::seeded),
+            config
+                .wall_clock
+                .clone()
+                .map_or(clock, WallClock::from_hook),
+        );
+        #[cfg(feature = "simulation")]
+        let simulated = config.network.is_some();
+        #[cfg(not(feature = "simulation"))]
+        let simulated = false;
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,
             timeout_ms: timeout.as_millis() as u64,
@@ -811,7 +861,11 @@ impl Client {
                     Ok((backend, node.get_connection_info().addr().to_string()))
                 })
                 .collect::<Result<Vec<_>, LockError>>()?;
-            Arc::new(QuorumBackend::new(nodes, call_deadline(&config)))
+            Arc::new(QuorumBackend::new(
+                nodes,
+                call_deadline(&config),
+                random.clone(),
+            ))
         } else {
             Arc::new(set_up(CallTarget::Node(
                 Box::new(seeds[0].clone()),
@@ -832,9 +886,21 @@ impl Client {
         } else {
             Listen::Node(seeds)
         };
-        let notifier = Notifier::new(listen, transport, call_deadline(&config))?;
-        let identity = Identity::new(new_client_id()?, config.instance.clone());
-        let core = Core::new(backend, notifier, config.key_prefix.clone(), identity);
+        let identity = Identity::new(
+            random.client_id()?,
+            config.instance.clone(),
+            &clock,
+            simulated,
+        );
+        let notifier = Notifier::new(listen, transport, call_deadline(&config), &random)?;
+        let core = Core::new(
+            backend,
+            notifier,
+            config.key_prefix.clone(),
+            identity,
+            random,
+            clock,
+        );
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),
         })

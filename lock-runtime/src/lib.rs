@@ -37,6 +37,7 @@ mod redact;
 mod tls;
 mod token;
 mod transport;
+mod wall_clock;
 
 pub mod attribute;
 pub mod guide;

@@ -18,9 +18,10 @@ mod script_errors;
 mod scripts;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio::time::Instant;
 
 use crate::error::LockError;
 use crate::keys::LockKeys;

@@ -3,7 +3,9 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};

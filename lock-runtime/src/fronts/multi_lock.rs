@@ -2,9 +2,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{ConfigError, LockError, LostCause};

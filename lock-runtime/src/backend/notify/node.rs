@@ -116,7 +116,10 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         loop {
             let message = match (&mut changes, &sentinel) {
                 // A new primary: listened on there instead.
+                // Biased (deterministic under a simulation): a message
+                // that came first is dispatched before the move.
                 (Some(changes), Some((_, epoch))) => tokio::select! {
+                    biased;
                     message = stream.next() => message,
                     _ = changes.wait_for(|now| now != epoch) => {
                         moved = true;

@@ -14,7 +14,7 @@
 //! once more to the named node after `ASKING`) and dropped nodes (the map
 //! is fetched again from any node that answers).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -54,7 +54,9 @@ pub(crate) struct Router {
     /// Which primary serves which slot, and its connection, if known.
     table: ArcSwapOption<Table>,
     /// One connection per node address (`host:port`), opened on first use.
-    nodes: Mutex<HashMap<String, NodeLink>>,
+    /// Ordered: the connections of nodes gone are dropped (closed) in its
+    /// order, the same in every run of a simulation.
+    nodes: Mutex<BTreeMap<String, NodeLink>>,
     /// One fetch of the map at a time.
     fetching: tokio::sync::Mutex<()>,
     /// A digest of the last map fetched (0: none yet): what a call was
@@ -74,7 +76,7 @@ impl Router {
             transport,
             deadline,
             table: ArcSwapOption::empty(),
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(BTreeMap::new()),
             fetching: tokio::sync::Mutex::new(()),
             map_digest: AtomicU64::new(0),
         }
@@ -188,7 +190,7 @@ impl Router {
         })
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<String, NodeLink>> {
+    fn nodes(&self) -> MutexGuard<'_, BTreeMap<String, NodeLink>> {
         self.nodes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
