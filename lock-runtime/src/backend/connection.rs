@@ -1,7 +1,8 @@
 //! The lock's Redis connection, and the one place that runs Redis calls.
 //!
 //! One multiplexed connection per client, opened again after it broke
-//! (`node_link.rs`; on a cluster one per primary, `router.rs`). Two faults
+//! (`transport/node`; on a cluster one per primary, `transport/cluster`).
+//! Two faults
 //! it does not handle alone are handled here:
 //!
 //! - A connection closed while idle (Redis `timeout`, a proxy's or load
@@ -42,7 +43,7 @@ pub(crate) enum Target {
     /// may take to answer `CLUSTER SLOTS`.
     Cluster(Vec<redis::ConnectionInfo>, Transport, Duration),
     /// The primary of a master name, as the sentinels name it
-    /// (`sentinel.rs`): each link a connection of its own to it.
+    /// (`transport/sentinel`): each link a connection of its own to it.
     Sentinel(Arc<Sentinels>),
 }
 
@@ -79,10 +80,10 @@ impl Target {
 #[derive(Clone)]
 pub(crate) enum Link {
     Node(NodeLink),
-    /// A connection per primary, and the slot map (`router.rs`).
+    /// A connection per primary, and the slot map (`transport/cluster`).
     Cluster(Arc<Router>),
     /// A connection to the primary Redis Sentinel names, opened again when
-    /// it changes (`sentinel.rs`).
+    /// it changes (`transport/sentinel`).
     Sentinel(Arc<SentinelLink>),
     /// Acknowledged mode: each command or pipeline sent on the inner link
     /// is followed by `WAIT` in the same round trip (so on the connection

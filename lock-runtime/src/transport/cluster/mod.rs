@@ -1,5 +1,5 @@
 //! The Redis Cluster connection of the lock calls: one multiplexed
-//! connection per primary, opened again after it broke (`node_link.rs`),
+//! connection per primary, opened again after it broke (`transport/node`),
 //! and the slot
 //! map (`CLUSTER SLOTS`) to route each call to the primary of its keys'
 //! slot.
