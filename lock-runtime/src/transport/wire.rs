@@ -7,6 +7,10 @@
 //! nor a dynamic call (without the `simulation` feature the enum has one
 //! variant).
 
+use std::future::Future;
+
+#[cfg(feature = "simulation")]
+use futures_util::future::Either;
 use futures_util::stream::StreamExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Msg, Pipeline, RedisFuture, RedisResult, Value};
@@ -29,40 +33,77 @@ impl Wire {
     }
 
     /// Sends `cmd` and reads its reply (an error reply as
+    /// `Value::ServerError`, as the `redis` crate gives it). Over TCP this
+    /// is the `redis` crate's own future, not wrapped in another: no state
+    /// machine of its own on the hot path.
+    #[cfg(not(feature = "simulation"))]
+    #[inline(always)]
+    pub(crate) fn send<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
+        let Wire::Tcp(connection) = self;
+        connection.send_packed_command(cmd)
+    }
+
+    /// Sends `cmd` and reads its reply (an error reply as
     /// `Value::ServerError`, as the `redis` crate gives it).
-    #[inline]
-    pub(crate) async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+    #[cfg(feature = "simulation")]
+    #[inline(always)]
+    pub(crate) fn send<'a>(
+        &'a mut self,
+        cmd: &'a Cmd,
+    ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
         match self {
-            Wire::Tcp(connection) => connection.send_packed_command(cmd).await,
-            #[cfg(feature = "simulation")]
-            Wire::Simulated(wire) => wire.send(cmd).await,
+            Wire::Tcp(connection) => Either::Left(connection.send_packed_command(cmd)),
+            Wire::Simulated(wire) => Either::Right(wire.send(cmd)),
         }
     }
 
     /// Sends `pipeline` in one write and reads `count` replies after the
     /// first `offset`.
-    #[inline]
-    pub(crate) async fn send_pipeline(
-        &mut self,
-        pipeline: &Pipeline,
+    #[cfg(not(feature = "simulation"))]
+    #[inline(always)]
+    pub(crate) fn send_pipeline<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
         offset: usize,
         count: usize,
-    ) -> RedisResult<Vec<Value>> {
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'a {
+        let Wire::Tcp(connection) = self;
+        connection.send_packed_commands(pipeline, offset, count)
+    }
+
+    /// Sends `pipeline` in one write and reads `count` replies after the
+    /// first `offset`.
+    #[cfg(feature = "simulation")]
+    #[inline(always)]
+    pub(crate) fn send_pipeline<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'a {
         match self {
             Wire::Tcp(connection) => {
-                connection
-                    .send_packed_commands(pipeline, offset, count)
-                    .await
+                Either::Left(connection.send_packed_commands(pipeline, offset, count))
             }
-            #[cfg(feature = "simulation")]
-            Wire::Simulated(wire) => wire.send_pipeline(pipeline, offset, count).await,
+            Wire::Simulated(wire) => Either::Right(wire.send_pipeline(pipeline, offset, count)),
         }
     }
 }
 
+/// Boxed calls (Sentinel's, off the hot path). Over TCP, the `redis`
+/// crate's own boxed calls, as before the seam: the hot path (`NodeLink`)
+/// is then the only place in this crate that awaits the crate's send
+/// futures directly, and the compiler inlines them there.
 impl ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.send(cmd))
+        match self {
+            Wire::Tcp(connection) => connection.req_packed_command(cmd),
+            #[cfg(feature = "simulation")]
+            Wire::Simulated(wire) => Box::pin(wire.send(cmd)),
+        }
     }
 
     fn req_packed_commands<'a>(
@@ -71,7 +112,11 @@ impl ConnectionLike for Wire {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.send_pipeline(pipeline, offset, count))
+        match self {
+            Wire::Tcp(connection) => connection.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "simulation")]
+            Wire::Simulated(wire) => Box::pin(wire.send_pipeline(pipeline, offset, count)),
+        }
     }
 
     fn get_db(&self) -> i64 {

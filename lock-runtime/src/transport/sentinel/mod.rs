@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::aio::ConnectionLike;
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 use tokio::sync::watch;
 
@@ -710,7 +711,7 @@ impl SentinelLink {
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
         let open = self.connection().await?;
         let mut connection = open.connection.clone();
-        let reply = connection.send(cmd).await;
+        let reply = connection.req_packed_command(cmd).await;
         match &reply {
             Err(error) => self.note(&open, error),
             Ok(Value::ServerError(error)) => self.note(&open, &RedisError::from(error.clone())),
@@ -727,7 +728,9 @@ impl SentinelLink {
     ) -> RedisResult<Vec<Value>> {
         let open = self.connection().await?;
         let mut connection = open.connection.clone();
-        let values = connection.send_pipeline(pipeline, offset, count).await;
+        let values = connection
+            .req_packed_commands(pipeline, offset, count)
+            .await;
         match &values {
             Err(error) => self.note(&open, error),
             Ok(values) => {
