@@ -5,12 +5,10 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use redis::AsyncConnectionConfig;
-
 mod sentinel;
 
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};
-use crate::backend::{Notifier, NotifyTransport as Transport};
+use crate::backend::{Listen, Notifier};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::holders::Identity;
@@ -18,7 +16,9 @@ use crate::lease::renewal::RenewalStats;
 use crate::lease::Core;
 use crate::redact::redact_url;
 use crate::tls::{self, TlsSettings};
-use crate::token::new_client_id;
+use crate::token::Random;
+use crate::transport::Transport;
+use crate::wall_clock::WallClock;
 
 /// The environment variable read when [`init`] was not called.
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -74,6 +74,15 @@ pub struct Config {
     instance: Option<String>,
     /// A Sentinel option given to a configuration without Sentinel.
     misplaced: Option<&'static str>,
+    /// The simulated network every connection is opened on, instead of TCP.
+    #[cfg(feature = "simulation")]
+    network: Option<Arc<dyn crate::simulation::Network>>,
+    /// The seed of the client's random bits, instead of the system's.
+    #[cfg(feature = "simulation")]
+    random_seed: Option<u64>,
+    /// The wall clock the client reads, instead of the system's.
+    #[cfg(feature = "simulation")]
+    wall_clock: Option<Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>>,
 }
 
 impl Config {
@@ -125,6 +134,12 @@ impl Config {
             tls: TlsSettings::default(),
             instance: None,
             misplaced: None,
+            #[cfg(feature = "simulation")]
+            network: None,
+            #[cfg(feature = "simulation")]
+            random_seed: None,
+            #[cfg(feature = "simulation")]
+            wall_clock: None,
         }
     }
 
@@ -379,6 +394,46 @@ impl Config {
         self
     }
 
+    /// Simulation (feature `simulation`, not a public API): every
+    /// connection of the client (calls, pub/sub, the sentinels, a cluster's
+    /// nodes, a quorum's) is opened on `network` instead of over TCP, to the
+    /// addresses the URLs, the sentinels and the slot map name (docs/design.md
+    /// §10). Its host name is not read from the system: the holder record says
+    /// `simulated`, process id 0 (give each client an
+    /// [`instance`](Self::instance)).
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn network(mut self, network: Arc<dyn crate::simulation::Network>) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    /// Simulation (feature `simulation`, not a public API): the client's
+    /// random bits (its id, its notifier's channel, every token, a quorum's
+    /// pauses after split votes and the semaphore slots it tries first) come
+    /// from a generator seeded with `seed` instead of the operating system:
+    /// the same seed, the same bits, in the order the client draws them.
+    /// Never for real use: such tokens are predictable.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn random_seed(mut self, seed: u64) -> Self {
+        self.random_seed = Some(seed);
+        self
+    }
+
+    /// Simulation (feature `simulation`, not a public API): the wall clock
+    /// the client reads (the holder record's `started_ms` and each hold's
+    /// time taken), instead of the system's: the harness's virtual time.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn wall_clock(
+        mut self,
+        clock: impl Fn() -> std::time::SystemTime + Send + Sync + 'static,
+    ) -> Self {
+        self.wall_clock = Some(Arc::new(clock));
+        self
+    }
+
     /// The URL with its password masked, fit for logs.
     pub fn redacted_url(&self) -> String {
         if let Some(sentinel) = &self.sentinel {
@@ -400,7 +455,9 @@ impl Config {
     /// The server's URL, or each seed node's, parsed, with the TLS
     /// certificates.
     fn parse_urls(&self) -> Result<Vec<redis::Client>, LockError> {
-        self.tls.check()?;
+        self.tls
+            .check()
+            .map_err(|reason| ConfigError::InvalidTls { reason })?;
         if self.sentinel.is_some() {
             return Ok(self
                 .sentinel_parts()?
@@ -718,13 +775,30 @@ impl Client {
             // program installed itself.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let connection_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            // Each call runs under `Connection::call`'s deadline (connect +
-            // response timeout, retries included), which also bounds the
-            // wait for a connection to open; a second timer per command
-            // inside the connection would only cost time.
-            .set_response_timeout(None);
+        // Each connection opens within the connect timeout, and has no
+        // response timeout: each call runs under `Connection::call`'s
+        // deadline (connect + response timeout, retries included), which
+        // also bounds the wait for a connection to open; a second timer per
+        // command inside the connection would only cost time.
+        let transport = Transport::tcp(config.connect_timeout);
+        let random = Random::default();
+        let clock = WallClock::default();
+        #[cfg(feature = "simulation")]
+        let (transport, random, clock) = (
+            match &config.network {
+                Some(network) => transport.simulated(Arc::clone(network)),
+                None => transport,
+            },
+            config.random_seed.map_or(random, Random::seeded),
+            config
+                .wall_clock
+                .clone()
+                .map_or(clock, WallClock::from_hook),
+        );
+        #[cfg(feature = "simulation")]
+        let simulated = config.network.is_some();
+        #[cfg(not(feature = "simulation"))]
+        let simulated = false;
         let acknowledged = config.acknowledged.map(|(replicas, timeout)| Ack {
             replicas,
             timeout_ms: timeout.as_millis() as u64,
@@ -744,7 +818,7 @@ impl Client {
                 nodes,
                 master,
                 primary,
-                config.connect_timeout,
+                transport.clone(),
                 call_deadline(&config),
             ))
         } else {
@@ -760,7 +834,7 @@ impl Client {
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
-                connection_config,
+                transport.clone(),
                 call_deadline(&config),
             )))
         } else if config.is_quorum() {
@@ -780,42 +854,53 @@ impl Client {
             let nodes = seeds
                 .iter()
                 .map(|node| {
-                    let backend = set_up(CallTarget::Node(
-                        Box::new(node.clone()),
-                        connection_config.clone(),
-                    ))
-                    .quorum_node();
+                    let backend =
+                        set_up(CallTarget::Node(Box::new(node.clone()), transport.clone()))
+                            .quorum_node();
                     // `host:port`: never the credentials.
                     Ok((backend, node.get_connection_info().addr().to_string()))
                 })
                 .collect::<Result<Vec<_>, LockError>>()?;
-            Arc::new(QuorumBackend::new(nodes, call_deadline(&config)))
+            Arc::new(QuorumBackend::new(
+                nodes,
+                call_deadline(&config),
+                random.clone(),
+            ))
         } else {
             Arc::new(set_up(CallTarget::Node(
                 Box::new(seeds[0].clone()),
-                connection_config,
+                transport.clone(),
             )))
         };
-        let transport = if let Some(sentinels) = sentinels {
-            Transport::Sentinel(sentinels)
+        let listen = if let Some(sentinels) = sentinels {
+            Listen::Sentinel(sentinels)
         } else if config.is_cluster() {
-            Transport::Cluster {
-                seeds: seeds
+            Listen::Cluster(
+                seeds
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
                     .collect(),
-                connect_timeout: config.connect_timeout,
-                #[cfg(feature = "tls-rustls")]
-                tls: config.tls.certificates(),
-            }
+            )
         } else if config.is_quorum() {
-            Transport::Quorum(seeds)
+            Listen::Quorum(seeds)
         } else {
-            Transport::Node(seeds)
+            Listen::Node(seeds)
         };
-        let notifier = Notifier::new(transport, call_deadline(&config))?;
-        let identity = Identity::new(new_client_id()?, config.instance.clone());
-        let core = Core::new(backend, notifier, config.key_prefix.clone(), identity);
+        let identity = Identity::new(
+            random.client_id()?,
+            config.instance.clone(),
+            &clock,
+            simulated,
+        );
+        let notifier = Notifier::new(listen, transport, call_deadline(&config), &random)?;
+        let core = Core::new(
+            backend,
+            notifier,
+            config.key_prefix.clone(),
+            identity,
+            random,
+            clock,
+        );
         Ok(Client {
             inner: Arc::new(ClientInner { config, core }),
         })
@@ -1118,5 +1203,47 @@ impl KindDescription for redis::RedisError {
             Some(detail) => format!("{:?}: {detail}", self.kind()),
             None => format!("{:?}", self.kind()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(not(feature = "tls-rustls"))]
+    const CERTIFICATE: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    /// Without the feature, `rediss://` and certificates are `Config`
+    /// errors naming the feature. (Only in a build without it: the tests
+    /// package turns it on, and Cargo unifies features across a workspace
+    /// build, so `scripts/test.sh` also runs `cargo test -p lock-runtime
+    /// --lib` on its own.)
+    #[cfg(not(feature = "tls-rustls"))]
+    #[test]
+    fn without_the_feature_rediss_and_certificates_say_how_to_get_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        for url in [
+            "rediss://user:hunter2@127.0.0.1:6380/",
+            "rediss-cluster://user:hunter2@127.0.0.1:6380,127.0.0.1:6381",
+            "rediss-quorum://user:hunter2@127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382",
+        ] {
+            let error = crate::Client::new(crate::Config::new(url)).expect_err("no TLS");
+            let message = error.to_string();
+            assert!(
+                message.contains("TLS") && message.contains("`tls-rustls` feature"),
+                "{message}"
+            );
+            assert!(!message.contains("not a valid Redis URL"), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        let error = crate::Client::new(
+            crate::Config::new("redis://127.0.0.1:6380/").tls_root_certificates(CERTIFICATE),
+        )
+        .expect_err("no TLS");
+        assert!(
+            error.to_string().contains("`tls-rustls` feature"),
+            "{error}"
+        );
     }
 }

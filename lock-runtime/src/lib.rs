@@ -6,10 +6,13 @@
 #![doc = include_str!("../../README.md")]
 #![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
-// Layers, each using only those below it: the public fronts (`fronts`:
-// `Lock`, its guard), the client, the lease machinery every lock kind shares
-// (`lease`), and the backend (`backend`: every Redis call and its replies).
-// `admin` (inspection, force release: lockctl) sits beside the fronts.
+// Layers, each using only those below it (docs/design.md §10, checked by
+// tests/import_cycles.rs): the public fronts (`fronts`: `Lock`, its guard),
+// the client, the lease machinery every lock kind shares (`lease`), the
+// backend (`backend`: every Redis call and its replies), the transport
+// (`transport`: every connection, TCP or simulated), and the foundations
+// (`error`, `keys`, `tls`, `token`, `wall_clock`, ...). `admin` (inspection,
+// force release: lockctl) sits beside the fronts.
 /// Awaits `$future` inside `$span` (entered at every poll), or bare when
 /// no subscriber wants the span: the wrapper (`Instrumented`) would move
 /// the whole future once more, on every acquire and release.
@@ -36,9 +39,22 @@ mod observe;
 mod redact;
 mod tls;
 mod token;
+mod transport;
+mod wall_clock;
 
 pub mod attribute;
 pub mod guide;
+
+/// Deterministic simulation (feature `simulation`; not a public API, for
+/// the project's simulation harness): the network a harness implements
+/// ([`Network`](simulation::Network), [`Conn`](simulation::Conn)), given to
+/// `Config::network`. docs/design.md §10.
+#[cfg(feature = "simulation")]
+#[doc(hidden)]
+pub mod simulation {
+    pub use crate::transport::simulated::{Conn, Network, Push};
+    pub use futures_util::future::BoxFuture;
+}
 
 /// What `#[distributed_lock]` expands to calls. Not a public API: only the
 /// attribute's expansion uses it.

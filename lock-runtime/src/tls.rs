@@ -10,8 +10,6 @@
 
 use std::fmt;
 
-use crate::error::LockError;
-
 /// Whether this build has TLS (the `tls-rustls` feature).
 pub(crate) const BUILT_IN: bool = cfg!(feature = "tls-rustls");
 
@@ -19,12 +17,10 @@ pub(crate) const BUILT_IN: bool = cfg!(feature = "tls-rustls");
 pub(crate) const HOW_TO_ENABLE: &str = "enable lock-runtime's `tls-rustls` feature \
      (lock-runtime = { version = \"...\", features = [\"tls-rustls\"] })";
 
-/// A [`ConfigError::InvalidTls`](crate::ConfigError::InvalidTls).
-fn invalid_tls(reason: impl Into<String>) -> LockError {
-    crate::error::ConfigError::InvalidTls {
-        reason: reason.into(),
-    }
-    .into()
+/// The reason of a [`ConfigError::InvalidTls`](crate::ConfigError::InvalidTls)
+/// (made by the client, which checks the settings).
+fn invalid_tls(reason: impl Into<String>) -> String {
+    reason.into()
 }
 
 /// The certificates of a client's TLS connections. Certificates are public;
@@ -46,8 +42,9 @@ impl TlsSettings {
 
     /// Checks that the certificates are usable: PEM that holds at least one
     /// certificate, a private key that matches the client certificate.
-    /// The messages never quote the key.
-    pub(crate) fn check(&self) -> Result<(), LockError> {
+    /// The messages never quote the key. The error is the reason of a
+    /// [`ConfigError::InvalidTls`](crate::ConfigError::InvalidTls).
+    pub(crate) fn check(&self) -> Result<(), String> {
         if !self.is_set() {
             return Ok(());
         }
@@ -166,9 +163,8 @@ mod rustls_check {
     use rustls::{AlertDescription, CertificateError};
 
     use super::{invalid_tls, HandshakeFailure, TlsSettings};
-    use crate::error::LockError;
 
-    pub(super) fn check(settings: &TlsSettings) -> Result<(), LockError> {
+    pub(super) fn check(settings: &TlsSettings) -> Result<(), String> {
         if let Some(pem) = &settings.root_certificates {
             let roots = certificates(pem, "Config::tls_root_certificates")?;
             let mut store = rustls::RootCertStore::empty();
@@ -211,7 +207,7 @@ mod rustls_check {
     }
 
     /// The certificates of `pem`; at least one.
-    fn certificates(pem: &[u8], given_to: &str) -> Result<Vec<CertificateDer<'static>>, LockError> {
+    fn certificates(pem: &[u8], given_to: &str) -> Result<Vec<CertificateDer<'static>>, String> {
         let certificates = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| {
@@ -343,41 +339,5 @@ mod tests {
         assert!(is_insecure("rediss://host:6380#INSECURE"));
         assert!(!is_insecure("rediss://host:6380/"));
         assert!(!is_insecure("rediss://u:p#insecure@host:6380/0"));
-    }
-
-    /// Without the feature, `rediss://` and certificates are `Config`
-    /// errors naming the feature. (Only in a build without it: the tests
-    /// package turns it on, and Cargo unifies features across a workspace
-    /// build, so `scripts/test.sh` also runs `cargo test -p lock-runtime
-    /// --lib` on its own.)
-    #[cfg(not(feature = "tls-rustls"))]
-    #[test]
-    fn without_the_feature_rediss_and_certificates_say_how_to_get_it() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let _inside = runtime.enter();
-        for url in [
-            "rediss://user:hunter2@127.0.0.1:6380/",
-            "rediss-cluster://user:hunter2@127.0.0.1:6380,127.0.0.1:6381",
-            "rediss-quorum://user:hunter2@127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382",
-        ] {
-            let error = crate::Client::new(crate::Config::new(url)).expect_err("no TLS");
-            let message = error.to_string();
-            assert!(
-                message.contains("TLS") && message.contains("`tls-rustls` feature"),
-                "{message}"
-            );
-            assert!(!message.contains("not a valid Redis URL"), "{message}");
-            assert!(!message.contains("hunter2"), "{message}");
-        }
-        let error = crate::Client::new(
-            crate::Config::new("redis://127.0.0.1:6380/").tls_root_certificates(CERTIFICATE),
-        )
-        .expect_err("no TLS");
-        assert!(
-            error.to_string().contains("`tls-rustls` feature"),
-            "{error}"
-        );
     }
 }

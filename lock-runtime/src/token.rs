@@ -1,4 +1,5 @@
-//! Per-acquisition tokens and per-client ids.
+//! Per-acquisition tokens and per-client ids, and where a client's random
+//! bits come from ([`Random`]).
 
 use crate::error::{ConfigError, LockError};
 
@@ -24,13 +25,108 @@ fn random<const N: usize>() -> Result<[u8; N], LockError> {
     Ok(bytes)
 }
 
-/// A client's id: 64 random bits as 16 hex digits, drawn once when the
-/// client is built. It ends every token the client hands out and names the
-/// client's holder record (`<prefix>client:{<id>}`, docs/design.md §1).
-pub(crate) fn new_client_id() -> Result<String, LockError> {
-    let mut id = String::with_capacity(CLIENT_ID_LEN);
-    push_hex(&mut id, &random::<8>()?);
-    Ok(id)
+/// Where a client's random bits come from: the operating system (see
+/// [`random`], [`Batch`]), or, with the `simulation` feature and
+/// `Config::random_seed`, a generator seeded by the harness, so that the
+/// same seed gives the same ids, tokens and pauses (docs/design.md §10).
+/// Cheap to clone; clones draw from one sequence.
+#[derive(Clone, Default)]
+pub(crate) struct Random {
+    #[cfg(feature = "simulation")]
+    seeded: Option<std::sync::Arc<std::sync::Mutex<SplitMix>>>,
+}
+
+impl Random {
+    /// A generator whose bits are a function of `seed`.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn seeded(seed: u64) -> Random {
+        Random {
+            seeded: Some(std::sync::Arc::new(std::sync::Mutex::new(SplitMix(seed)))),
+        }
+    }
+
+    /// The seeded generator's next bytes, if there is one.
+    #[inline]
+    fn drawn<const N: usize>(&self) -> Option<[u8; N]> {
+        #[cfg(feature = "simulation")]
+        if let Some(seeded) = &self.seeded {
+            let mut generator = seeded
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut bytes = [0u8; N];
+            for chunk in bytes.chunks_mut(8) {
+                chunk.copy_from_slice(&generator.next().to_be_bytes()[..chunk.len()]);
+            }
+            return Some(bytes);
+        }
+        None
+    }
+
+    fn bytes<const N: usize>(&self) -> Result<[u8; N], LockError> {
+        match self.drawn() {
+            Some(bytes) => Ok(bytes),
+            None => random(),
+        }
+    }
+
+    /// A client's id: 64 random bits as 16 hex digits, drawn once when the
+    /// client is built. It ends every token the client hands out and names
+    /// the client's holder record (`<prefix>client:{<id>}`, docs/design.md
+    /// §1).
+    pub(crate) fn client_id(&self) -> Result<String, LockError> {
+        let mut id = String::with_capacity(CLIENT_ID_LEN);
+        push_hex(&mut id, &self.bytes::<8>()?);
+        Ok(id)
+    }
+
+    /// A fresh token for one acquisition: 64 random bits (from the
+    /// operating system, read in batches, see [`Batch`]), then the
+    /// client's id (`client_id`, 16 hex digits): 32 hex digits in all. The
+    /// random half tells one client's holds apart (and heads lockctl's
+    /// listing); the id half names the holder's client, whose record says
+    /// which process it is, at no cost to the acquisition.
+    pub(crate) fn token(&self, client_id: &str) -> Result<String, LockError> {
+        let head = match self.drawn() {
+            Some(bytes) => bytes,
+            None => random_8()?,
+        };
+        let mut token = String::with_capacity(TOKEN_LEN);
+        push_hex(&mut token, &head);
+        token.push_str(client_id);
+        Ok(token)
+    }
+
+    /// A fresh random id of `TOKEN_LEN` hex digits, owned by nobody's
+    /// client (a notifier's channel).
+    pub(crate) fn random_id(&self) -> Result<String, LockError> {
+        let mut id = String::with_capacity(TOKEN_LEN);
+        push_hex(&mut id, &self.bytes::<16>()?);
+        Ok(id)
+    }
+
+    /// A number below `most` (0 if `most` is 0, or if the operating
+    /// system's source failed: used for pauses, never for tokens).
+    pub(crate) fn below(&self, most: u64) -> u64 {
+        let bytes = self.bytes::<8>().unwrap_or_default();
+        u64::from_be_bytes(bytes) % most.max(1)
+    }
+}
+
+/// SplitMix64 (Steele, Lea and Flood): a small generator whose whole
+/// sequence follows from its seed; for simulation only, never for real
+/// tokens.
+#[cfg(feature = "simulation")]
+struct SplitMix(u64);
+
+#[cfg(feature = "simulation")]
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }
 
 /// The length of a client id, in hex digits.
@@ -80,27 +176,6 @@ fn random_8() -> Result<[u8; 8], LockError> {
     })
 }
 
-/// A fresh token for one acquisition: 64 bits from the operating system's
-/// random source for every acquisition (read in batches, see [`Batch`]),
-/// then the client's id (`client_id`, 16 hex digits): 32 hex digits in
-/// all. The random half tells one client's holds apart (and heads
-/// lockctl's listing); the id half names the holder's client, whose record
-/// says which process it is, at no cost to the acquisition.
-pub(crate) fn new_token(client_id: &str) -> Result<String, LockError> {
-    let mut token = String::with_capacity(TOKEN_LEN);
-    push_hex(&mut token, &random_8()?);
-    token.push_str(client_id);
-    Ok(token)
-}
-
-/// A fresh random id of `TOKEN_LEN` hex digits, owned by nobody's client
-/// (a notifier's channel).
-pub(crate) fn new_random_id() -> Result<String, LockError> {
-    let mut id = String::with_capacity(TOKEN_LEN);
-    push_hex(&mut id, &random::<16>()?);
-    Ok(id)
-}
-
 /// The client id a token ends with, if it is one of this crate's tokens
 /// (32 hex digits; a value may follow it after `|`).
 pub(crate) fn client_of(token: &str) -> Option<&str> {
@@ -113,10 +188,10 @@ pub(crate) fn client_of(token: &str) -> Option<&str> {
 mod tests {
     #[test]
     fn tokens_are_long_distinct_and_end_with_the_client_id() {
-        let client = super::new_client_id().unwrap();
+        let client = super::Random::default().client_id().unwrap();
         assert_eq!(client.len(), 16);
-        let a = super::new_token(&client).unwrap();
-        let b = super::new_token(&client).unwrap();
+        let a = super::Random::default().token(&client).unwrap();
+        let b = super::Random::default().token(&client).unwrap();
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
@@ -127,8 +202,8 @@ mod tests {
             Some(client.as_str())
         );
         assert_eq!(super::client_of("abc"), None);
-        assert_ne!(super::new_client_id().unwrap(), client);
-        assert_eq!(super::new_random_id().unwrap().len(), 32);
+        assert_ne!(super::Random::default().client_id().unwrap(), client);
+        assert_eq!(super::Random::default().random_id().unwrap().len(), 32);
     }
 
     /// A child forked after this thread read a batch does not hand out the
@@ -165,10 +240,30 @@ mod tests {
 
     #[test]
     fn a_thousand_tokens_of_one_thread_are_distinct() {
-        let client = super::new_client_id().unwrap();
+        let client = super::Random::default().client_id().unwrap();
         let heads: std::collections::HashSet<String> = (0..1000)
-            .map(|_| super::new_token(&client).unwrap()[..16].to_owned())
+            .map(|_| super::Random::default().token(&client).unwrap()[..16].to_owned())
             .collect();
         assert_eq!(heads.len(), 1000);
+    }
+
+    /// The same seed gives the same ids and tokens; another seed others.
+    #[cfg(feature = "simulation")]
+    #[test]
+    fn a_seeded_source_repeats_itself() {
+        let draw = |seed| {
+            let random = super::Random::seeded(seed);
+            let id = random.client_id().unwrap();
+            let tokens: Vec<String> = (0..3).map(|_| random.token(&id).unwrap()).collect();
+            (id, tokens, random.random_id().unwrap(), random.below(1000))
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+        let (id, tokens, _, _) = draw(7);
+        assert_eq!(id.len(), 16);
+        assert!(tokens
+            .iter()
+            .all(|token| token.len() == 32 && token.ends_with(&id)));
+        assert_ne!(tokens[0], tokens[1]);
     }
 }

@@ -1,7 +1,8 @@
 //! The lock's Redis connection, and the one place that runs Redis calls.
 //!
 //! One multiplexed connection per client, opened again after it broke
-//! (`node_link.rs`; on a cluster one per primary, `router.rs`). Two faults
+//! (`transport/node`; on a cluster one per primary, `transport/cluster`).
+//! Two faults
 //! it does not handle alone are handled here:
 //!
 //! - A connection closed while idle (Redis `timeout`, a proxy's or load
@@ -22,27 +23,27 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionLike;
-use redis::{
-    AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, RetryMethod, Value,
-};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use super::node_link::NodeLink;
-use super::router::Router;
 use super::scripts::ScriptsSent;
-use super::sentinel::{SentinelLink, Sentinels};
-use super::slot_map::Ranges;
+use crate::error::retryable;
+use crate::transport::cluster::slot_map::Ranges;
+use crate::transport::cluster::Router;
+use crate::transport::node::NodeLink;
+use crate::transport::sentinel::{SentinelLink, Sentinels};
+use crate::transport::{timed_out, Transport};
 
 /// Where the calls go: one server (or a primary with replicas behind one
 /// address), a Redis Cluster named by its seed nodes, or the primary that
 /// Redis Sentinel names.
 #[derive(Clone)]
 pub(crate) enum Target {
-    Node(Box<redis::Client>, AsyncConnectionConfig),
-    /// The seed nodes, the connections' settings, and the longest a node
+    Node(Box<redis::Client>, Transport),
+    /// The seed nodes, how connections are opened, and the longest a node
     /// may take to answer `CLUSTER SLOTS`.
-    Cluster(Vec<redis::ConnectionInfo>, AsyncConnectionConfig, Duration),
+    Cluster(Vec<redis::ConnectionInfo>, Transport, Duration),
     /// The primary of a master name, as the sentinels name it
-    /// (`sentinel.rs`): each link a connection of its own to it.
+    /// (`transport/sentinel`): each link a connection of its own to it.
     Sentinel(Arc<Sentinels>),
 }
 
@@ -50,12 +51,12 @@ impl Target {
     /// A new connection (opened on first use).
     pub(crate) fn open(&self) -> Link {
         match self {
-            Target::Node(redis, config) => {
-                Link::Node(NodeLink::new((**redis).clone(), config.clone()))
+            Target::Node(redis, transport) => {
+                Link::Node(NodeLink::new((**redis).clone(), transport.clone()))
             }
-            Target::Cluster(seeds, config, deadline) => Link::Cluster(Arc::new(Router::new(
+            Target::Cluster(seeds, transport, deadline) => Link::Cluster(Arc::new(Router::new(
                 seeds.clone(),
-                config.clone(),
+                transport.clone(),
                 *deadline,
             ))),
             Target::Sentinel(sentinels) => {
@@ -79,10 +80,10 @@ impl Target {
 #[derive(Clone)]
 pub(crate) enum Link {
     Node(NodeLink),
-    /// A connection per primary, and the slot map (`router.rs`).
+    /// A connection per primary, and the slot map (`transport/cluster`).
     Cluster(Arc<Router>),
     /// A connection to the primary Redis Sentinel names, opened again when
-    /// it changes (`sentinel.rs`).
+    /// it changes (`transport/sentinel`).
     Sentinel(Arc<SentinelLink>),
     /// Acknowledged mode: each command or pipeline sent on the inner link
     /// is followed by `WAIT` in the same round trip (so on the connection
@@ -467,55 +468,5 @@ where
     match tokio::time::timeout_at(deadline, call).await {
         Ok(reply) => Waited::Reply(reply),
         Err(_elapsed) => Waited::TimedOut,
-    }
-}
-
-/// Whether a failed call may succeed if sent again: the connection broke
-/// (the manager reconnects), or Redis asked to try again (loading after a
-/// restart, a cluster in transition). Not bad credentials, nor a rejected
-/// TLS certificate.
-pub(crate) fn retryable(error: &RedisError) -> bool {
-    if error.kind() == redis::ErrorKind::AuthenticationFailed {
-        return false;
-    }
-    // A certificate rejected in the TLS handshake (the server's, or ours
-    // by the server) stays rejected until the configuration changes.
-    if crate::tls::handshake_failure(error).is_some_and(|failure| failure.is_permanent()) {
-        return false;
-    }
-    // The cluster client retries nothing itself (see `Target::Cluster`):
-    // redirections and topology changes are retried here, where a retry
-    // is known to be one (an acquire then recognises its own token, a
-    // release a key its earlier attempt deleted).
-    matches!(
-        error.retry_method(),
-        RetryMethod::Reconnect
-            | RetryMethod::RetryImmediately
-            | RetryMethod::WaitAndRetry
-            | RetryMethod::MovedRedirect
-            | RetryMethod::AskRedirect
-            | RetryMethod::RefreshSlotsAndRetry
-            | RetryMethod::ReconnectFromInitialConnections
-    )
-}
-
-/// The error of a call that got no answer within `deadline`.
-pub(crate) fn timed_out(deadline: Duration) -> RedisError {
-    std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("no answer within {deadline:?}"),
-    )
-    .into()
-}
-
-/// Runs one Redis call, failing with an I/O `TimedOut` error when it takes
-/// longer than `deadline`.
-pub(crate) async fn within<T>(
-    deadline: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(deadline, call).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(timed_out(deadline)),
     }
 }

@@ -11,31 +11,27 @@
 
 mod ack_pool;
 mod connection;
-mod node_link;
 mod notify;
 mod quorum;
 mod redis_backend;
-mod router;
 mod script_errors;
 mod scripts;
-mod sentinel;
-mod slot_map;
-mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio::time::Instant;
 
 use crate::error::LockError;
 use crate::keys::LockKeys;
 
-pub(crate) use connection::{retryable, Ack, Target};
-pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTransport};
+pub(crate) use crate::error::{is_refusal, retryable};
+pub(crate) use crate::transport::sentinel::Sentinels;
+pub(crate) use connection::{Ack, Target};
+pub(crate) use notify::{wait_for, Listen, Notifier, Subscription};
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
-pub(crate) use script_errors::{is_refusal, is_script_error};
-pub(crate) use sentinel::{is_no_primary, Sentinels};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

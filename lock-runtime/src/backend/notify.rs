@@ -27,7 +27,7 @@
 mod cluster;
 mod node;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,12 +37,13 @@ use std::time::Duration;
 use redis::ConnectionInfo;
 use tokio::sync::{watch, Notify};
 
-use super::slots;
 use crate::error::LockError;
-use crate::token::new_random_id;
+use crate::token::Random;
+use crate::transport::cluster::slots;
+use crate::transport::Transport;
 
 /// Where a client listens.
-pub(crate) enum Transport {
+pub(crate) enum Listen {
     /// One server: its address, or (for the notifier of a cluster that
     /// falls back to it) seed nodes tried in turn.
     Node(Vec<redis::Client>),
@@ -53,38 +54,43 @@ pub(crate) enum Transport {
     /// The primary Redis Sentinel names: listened on there, and moved to
     /// the new primary when it changes.
     Sentinel(Arc<super::Sentinels>),
-    /// A Redis Cluster, named by its seed nodes.
-    Cluster {
-        seeds: Vec<ConnectionInfo>,
-        connect_timeout: Duration,
-        /// The TLS certificates, if given (the cluster client takes them
-        /// apart from the seeds).
-        #[cfg(feature = "tls-rustls")]
-        tls: Option<redis::TlsCertificates>,
-    },
+    /// A Redis Cluster, named by its seed nodes (their settings: TLS,
+    /// credentials).
+    Cluster(Vec<ConnectionInfo>),
 }
 
 pub(crate) struct Notifier {
+    listen: Listen,
+    /// How its connections are opened.
     transport: Transport,
     deadline: Duration,
     /// This client's random id, in its channels' names.
     id: String,
     /// Local waiters, by token: the slot they wait in (0 on one server)
     /// and how to wake them.
-    waiters: Mutex<HashMap<String, (u16, Arc<Notify>)>>,
+    /// A fixed hasher: they are woken in the table's order, which must not
+    /// change from one run to the next (a simulation replays its seed).
+    waiters: Mutex<Waiters>,
     /// The slots whose channel the connection listens on now (on one
     /// server, slot 0 stands for the client's one channel).
     ready: watch::Sender<Slots>,
     /// On a cluster: the slots whose channel waiters asked for. Kept once
     /// asked (at most one subscription per slot a waiter of this client
     /// ever waited in), so that the next waiter there costs no round trip.
-    wanted: Mutex<HashSet<u16>>,
+    wanted: Mutex<BTreeSet<u16>>,
     /// Tells the connection task that `wanted` grew.
     kick: Arc<Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The ACL refused the subscription: said once (see [`refused`]).
     refusal_told: AtomicBool,
 }
+
+/// Local waiters by token: the slot each waits in, and how to wake it.
+type Waiters = HashMap<
+    String,
+    (u16, Arc<Notify>),
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
 
 /// The slots whose channel the connection listens on, and those it
 /// stopped listening on (whose waiters may have missed a message).
@@ -142,17 +148,20 @@ impl Drop for Subscription {
 
 impl Notifier {
     pub(crate) fn new(
+        listen: Listen,
         transport: Transport,
         deadline: Duration,
+        random: &Random,
     ) -> Result<Arc<Notifier>, LockError> {
-        let id = new_random_id()?;
+        let id = random.random_id()?;
         Ok(Arc::new(Notifier {
+            listen,
             transport,
             deadline,
             id,
-            waiters: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(Waiters::default()),
             ready: watch::Sender::new(Slots::default()),
-            wanted: Mutex::new(HashSet::new()),
+            wanted: Mutex::new(BTreeSet::new()),
             kick: Arc::new(Notify::new()),
             task: Mutex::new(None),
             refusal_told: AtomicBool::new(false),
@@ -188,7 +197,7 @@ impl Notifier {
     }
 
     fn is_cluster(&self) -> bool {
-        matches!(self.transport, Transport::Cluster { .. })
+        matches!(self.listen, Listen::Cluster(_))
     }
 
     /// Where the waiters of the lock whose keys are in `key`'s slot are
@@ -223,13 +232,13 @@ impl Notifier {
         rest.starts_with(":{").then(|| slots::slot(rest))
     }
 
-    fn waiters(&self) -> MutexGuard<'_, HashMap<String, (u16, Arc<Notify>)>> {
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
         self.waiters
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn wanted(&self) -> MutexGuard<'_, HashSet<u16>> {
+    fn wanted(&self) -> MutexGuard<'_, BTreeSet<u16>> {
         self.wanted
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -299,10 +308,10 @@ impl Notifier {
         };
         self.ready.send_if_modified(Slots::lose_all);
         let notifier = Arc::downgrade(self);
-        *task = Some(match &self.transport {
-            Transport::Node(_) | Transport::Sentinel(_) => runtime.spawn(node::run(notifier)),
-            Transport::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
-            Transport::Cluster { .. } => runtime.spawn(cluster::run(notifier)),
+        *task = Some(match &self.listen {
+            Listen::Node(_) | Listen::Sentinel(_) => runtime.spawn(node::run(notifier)),
+            Listen::Quorum(nodes) => runtime.spawn(node::run_quorum(notifier, nodes.len())),
+            Listen::Cluster(_) => runtime.spawn(cluster::run(notifier)),
         });
         true
     }

@@ -13,10 +13,11 @@ pub(crate) use quorum_node::{Ballot, Vote, VoteKind};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::{BoxFuture, Either};
 use redis::{Cmd, Value};
+use tokio::time::Instant;
 
 use super::ack_pool::{nudged, on_borrowed, AckPool, Borrowed};
 use super::connection::{replicas_confirmed, Ack, Connection, Link, Target};
@@ -24,11 +25,12 @@ use super::scripts::{
     evalsha, run, LuaScript, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
 };
 use super::{
-    slots, Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
+    Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
     RecordWrite, Release, RenewItem, Snapshot,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::transport::cluster::slots;
 
 pub(crate) struct RedisBackend {
     connection: Connection,

@@ -91,21 +91,6 @@ pub(crate) fn explain(error: RedisError) -> RedisError {
     ))
 }
 
-/// Whether `error` was raised inside a lock script (a Lua error, or a
-/// command of the script that Redis refused), rather than by the
-/// connection or by Redis before the script ran.
-pub(crate) fn is_script_error(error: &RedisError) -> bool {
-    let text = error.to_string();
-    text.contains("@user_script:") || text.contains("Error running script")
-}
-
-/// Whether `error` is Redis refusing a call for what it is (a permission,
-/// a script error), which it answers the same way every time, rather than a
-/// fault of the connection or a passing state.
-pub(crate) fn is_refusal(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) || is_script_error(error)
-}
-
 /// Where in a script an error happened.
 struct Place {
     file: &'static str,

@@ -1,9 +1,12 @@
-//! The one error type of the crate, and its configuration causes.
+//! The one error type of the crate, its configuration causes, and what a
+//! Redis error means (`causes`).
 
+mod causes;
 mod config;
 
 use std::time::Duration;
 
+pub(crate) use causes::{is_no_primary, is_refusal, is_script_error, retryable, NoPrimary};
 pub use config::ConfigError;
 
 /// Why a held lock is no longer held by its holder.
@@ -315,7 +318,7 @@ fn advice(source: &redis::RedisError) -> &'static str {
     if let Some(failure) = crate::tls::handshake_failure(source) {
         return failure.advice();
     }
-    if crate::backend::is_no_primary(source) {
+    if is_no_primary(source) {
         return "check that the sentinels named are up and reachable and monitor this master \
                 name, and that its primary is up; during a failover (the primary down, a \
                 replica not yet promoted) it passes by itself";
@@ -326,7 +329,7 @@ fn advice(source: &redis::RedisError) -> &'static str {
              lock_runtime's guide, Configuration"
         }
         ErrorKind::AuthenticationFailed => "check the user name and password in the URL",
-        _ if crate::backend::is_script_error(source) => {
+        _ if is_script_error(source) => {
             "a lock script failed inside Redis: check that the server is Redis 6.2 or later and \
              that every instance runs the same version of this crate"
         }

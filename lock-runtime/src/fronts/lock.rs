@@ -3,7 +3,9 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::{retryable, Kind};
 use crate::client::{global_client, Client};
@@ -98,41 +100,6 @@ impl Lock {
             metric_label: None,
             caller: None,
         }
-    }
-
-    /// A set of locks taken at once, every one or none: a transfer between
-    /// two accounts, a job touching two tenants. The same name twice is one
-    /// lock (a transfer from an account to itself takes it once). Each name
-    /// is an ordinary lock (its key, its queue, `lockctl` shows it), taken
-    /// in the set's order (sorted), so two sets never wait for each other:
-    /// no deadlock, whatever order the names are given in. Every option of a
-    /// single lock applies to each lock of the set.
-    ///
-    /// ```no_run
-    /// # async fn demo(from: u64, to: u64) -> Result<(), lock_runtime::LockError> {
-    /// use std::time::Duration;
-    /// use lock_runtime::Lock;
-    ///
-    /// let guard = Lock::all([format!("account:{from}"), format!("account:{to}")])
-    ///     .ttl(Duration::from_secs(10))
-    ///     .wait(Duration::from_secs(2))
-    ///     .acquire()
-    ///     .await?;
-    /// // ... move the money ...
-    /// guard.release().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// On one Redis server (and on a Redis Cluster when every name starts
-    /// with the same hash tag, `{bank}:account:1`) one script takes all of
-    /// them or none; elsewhere they are taken one by one, never waiting
-    /// while holding any (the guide, "Several keys at once").
-    pub fn all<I, S>(names: I) -> crate::MultiLock
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        crate::MultiLock::new(names.into_iter().map(Into::into).collect(), Lock::new(""))
     }
 
     /// This lock as another kind (the read/write and semaphore fronts).

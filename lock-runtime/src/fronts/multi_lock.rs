@@ -2,9 +2,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{ConfigError, LockError, LostCause};
@@ -13,6 +14,45 @@ use crate::lease::guard::{lost_in, LockGuard};
 use crate::lease::multi::SetAcquisition;
 use crate::lease::watch::{Entry, HeldLock};
 use crate::lease::watch_set::watch_set;
+
+// Here rather than in `lock.rs`: the set's builder wraps a `Lock`, so the
+// single lock's module does not know the set's.
+impl Lock {
+    /// A set of locks taken at once, every one or none: a transfer between
+    /// two accounts, a job touching two tenants. The same name twice is one
+    /// lock (a transfer from an account to itself takes it once). Each name
+    /// is an ordinary lock (its key, its queue, `lockctl` shows it), taken
+    /// in the set's order (sorted), so two sets never wait for each other:
+    /// no deadlock, whatever order the names are given in. Every option of a
+    /// single lock applies to each lock of the set.
+    ///
+    /// ```no_run
+    /// # async fn demo(from: u64, to: u64) -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use lock_runtime::Lock;
+    ///
+    /// let guard = Lock::all([format!("account:{from}"), format!("account:{to}")])
+    ///     .ttl(Duration::from_secs(10))
+    ///     .wait(Duration::from_secs(2))
+    ///     .acquire()
+    ///     .await?;
+    /// // ... move the money ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// On one Redis server (and on a Redis Cluster when every name starts
+    /// with the same hash tag, `{bank}:account:1`) one script takes all of
+    /// them or none; elsewhere they are taken one by one, never waiting
+    /// while holding any (the guide, "Several keys at once").
+    pub fn all<I, S>(names: I) -> MultiLock
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        MultiLock::new(names.into_iter().map(Into::into).collect(), Lock::new(""))
+    }
+}
 
 /// Several locks taken at once, every one or none: made by [`Lock::all`].
 ///

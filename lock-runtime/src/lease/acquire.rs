@@ -2,7 +2,9 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::wait_for;
 use crate::backend::{retryable, Acquire, AcquireRequest, Kind, WaitPlace};
@@ -16,7 +18,6 @@ use crate::lease::release::spawn_release;
 
 use crate::lease::watch::{Entered, Entry, Scope};
 use crate::lease::Core;
-use crate::token::new_token;
 
 /// A waiter that has not refreshed its place in the queue for this long
 /// loses it (it crashed, or stopped waiting without saying so).
@@ -309,7 +310,7 @@ impl Acquisition<'_> {
 
     /// One attempt, without waiting.
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
-        let token = new_token(self.core.client_id())?;
+        let token = self.core.new_token()?;
         match self.first_attempt(&token).await? {
             Taken::Guard(guard) => Ok(guard),
             // The token moves into the hold (no copy of it is made).
@@ -320,7 +321,7 @@ impl Acquisition<'_> {
     /// [`once`](Self::once), as the acquisition's last step: the hold it
     /// takes gets the acquisition's keys, not a copy of them.
     pub(crate) async fn once_final(mut self) -> Result<LockGuard, LockError> {
-        let token = new_token(self.core.client_id())?;
+        let token = self.core.new_token()?;
         match self.first_attempt(&token).await? {
             Taken::Guard(guard) => Ok(guard),
             Taken::Plain(taken) => {
@@ -364,7 +365,7 @@ impl Acquisition<'_> {
         started: Instant,
         respect: bool,
     ) -> Result<LockGuard, LockError> {
-        let token = new_token(self.core.client_id())?;
+        let token = self.core.new_token()?;
         let mut unknown = Unknown::new(self, &token);
         let fair = self.settings.fair;
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".

@@ -6,20 +6,30 @@ use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
-use super::holders::Site;
+use super::holders::{Recorded, Site};
 use super::Core;
 use crate::backend::Kind;
 use crate::error::LostCause;
 use crate::keys::LockKeys;
 use crate::observe::DEFAULT_METRIC_LABEL;
 
-/// The origin of the nanosecond counts kept in atomics.
-static CLOCK_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+/// The origin of the nanosecond counts kept in atomics: a day before the
+/// first reading. Under tokio's paused time (a simulation) each runtime's
+/// clock starts at the real time it was built and moves on virtually, so a
+/// later runtime's clock can read earlier than an earlier runtime's did: the
+/// day keeps every reading of a program's runtimes after the origin (a
+/// reading before it would count as the origin, and a validity would end
+/// too early).
+static CLOCK_BASE: LazyLock<Instant> = LazyLock::new(|| {
+    let now = Instant::now();
+    now.checked_sub(Duration::from_secs(86_400)).unwrap_or(now)
+});
 
 fn to_nanos(instant: Instant) -> u64 {
     u64::try_from(instant.saturating_duration_since(*CLOCK_BASE).as_nanos()).unwrap_or(u64::MAX)
@@ -130,6 +140,28 @@ pub(crate) struct Hold {
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
+}
+
+impl Recorded for Hold {
+    fn taken_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    fn caller(&self) -> Option<&str> {
+        Hold::caller(self)
+    }
 }
 
 impl Hold {
@@ -255,7 +287,7 @@ impl Hold {
         if let Some(settled) = &self.settled {
             // A dropped sender (its task cancelled) settles it too.
             let mut settled = settled.clone();
-            let until = tokio::time::Instant::from_std(self.valid_until());
+            let until = self.valid_until();
             let _ = tokio::time::timeout_at(until, settled.wait_for(|settled| *settled)).await;
         }
     }

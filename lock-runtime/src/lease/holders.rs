@@ -27,15 +27,16 @@
 //! eviction, a pause of the process past its ttl).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Kind, RecordWrite};
-use crate::lease::hold::Hold;
+use crate::wall_clock::WallClock;
 
 /// A hold is written to the record once it has been held this long.
 pub(crate) const RECORD_AFTER: Duration = Duration::from_secs(1);
@@ -89,17 +90,28 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
-    /// The identity of a client built now in this process; `instance`
-    /// defaults to `<host>:<pid>`.
-    pub(crate) fn new(client_id: String, instance: Option<String>) -> Identity {
-        let host = host_name();
-        let pid = std::process::id();
+    /// The identity of a client built now (by `clock`) in this process;
+    /// `instance` defaults to `<host>:<pid>`. A `simulated` client (one on
+    /// a simulated network) does not ask the system: its host is
+    /// `simulated`, its process id 0, so that a simulation's history does
+    /// not depend on the machine or the process it runs in.
+    pub(crate) fn new(
+        client_id: String,
+        instance: Option<String>,
+        clock: &WallClock,
+        simulated: bool,
+    ) -> Identity {
+        let (host, pid) = if simulated {
+            ("simulated".to_owned(), 0)
+        } else {
+            (host_name(), std::process::id())
+        };
         Identity {
             instance: instance.unwrap_or_else(|| format!("{host}:{pid}")),
             client_id,
             host,
             pid,
-            started_ms: unix_ms(SystemTime::now()),
+            started_ms: unix_ms(clock.now()),
         }
     }
 
@@ -151,9 +163,22 @@ fn host_name() -> String {
     "unknown-host".to_owned()
 }
 
+/// What the holder record says of a hold (a `Hold`, which registers
+/// itself; a trait, so that this table stays below the holds).
+pub(crate) trait Recorded: Send + Sync {
+    /// When it was taken (its acquire's send time).
+    fn taken_at(&self) -> Instant;
+    fn kind(&self) -> Kind;
+    fn token(&self) -> &str;
+    /// The lock's name, as given.
+    fn name(&self) -> &str;
+    /// What took it (`Lock::caller`, the attribute's function), if known.
+    fn caller(&self) -> Option<&str>;
+}
+
 /// A hold in the table.
 struct Live {
-    hold: Weak<Hold>,
+    hold: Weak<dyn Recorded>,
     /// When it was taken (its acquire's send time).
     taken: Instant,
     /// The writer chose to write it: its removal must reach the record.
@@ -207,6 +232,8 @@ pub(crate) struct Holders {
     signals: Arc<Signals>,
     /// The record may be in Redis: deleted when the client is dropped.
     written: AtomicBool,
+    /// The wall clock the record's times are read on.
+    clock: WallClock,
 }
 
 /// A hold's place in its client's table; dropped with the hold, which
@@ -238,6 +265,7 @@ impl Holders {
         backend: Arc<dyn Backend>,
         identity: Identity,
         key_prefix: &str,
+        clock: WallClock,
     ) -> Arc<Holders> {
         Arc::new(Holders {
             backend,
@@ -249,6 +277,7 @@ impl Holders {
             next_id: AtomicU64::new(0),
             signals: Arc::default(),
             written: AtomicBool::new(false),
+            clock,
         })
     }
 
@@ -264,13 +293,14 @@ impl Holders {
 
     /// Adds `hold` to the table (the record gets it once it has been held
     /// for [`RECORD_AFTER`]); it leaves when the returned handle is dropped.
-    pub(crate) fn register(self: &Arc<Self>, hold: &Arc<Hold>) -> Registered {
+    pub(crate) fn register<H: Recorded + 'static>(self: &Arc<Self>, hold: &Arc<H>) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let weak: Weak<dyn Recorded> = Arc::downgrade(hold) as Weak<dyn Recorded>;
         self.shard(id).insert(
             id,
             Live {
-                hold: Arc::downgrade(hold),
-                taken: hold.acquired_at,
+                hold: weak,
+                taken: hold.taken_at(),
                 recorded: false,
             },
         );
@@ -371,7 +401,7 @@ impl Drop for Alive {
 /// One reading of the table.
 #[derive(Default)]
 struct Reading {
-    to_write: Vec<(u64, Arc<Hold>)>,
+    to_write: Vec<(u64, Arc<dyn Recorded>)>,
     present: HashSet<u64>,
     next_due: Option<Instant>,
 }
@@ -379,7 +409,8 @@ struct Reading {
 /// What the writer knows of the record in Redis.
 struct Writer {
     /// The holds the record has, by table id, with their fields.
-    in_redis: HashMap<u64, String>,
+    /// Ordered: the fields removed are sent in its order.
+    in_redis: BTreeMap<u64, String>,
     /// The record is to be rewritten whole (a write failed, or found it
     /// gone).
     whole: bool,
@@ -395,7 +426,7 @@ struct Writer {
 async fn write(holders: Weak<Holders>, alive: Alive) {
     let signals = Arc::clone(&alive.0);
     let mut writer = Writer {
-        in_redis: HashMap::new(),
+        in_redis: BTreeMap::new(),
         whole: false,
         last_write: None,
         retry: None,
@@ -404,9 +435,11 @@ async fn write(holders: Weak<Holders>, alive: Alive) {
     let mut next: Option<Instant> = None;
     loop {
         let changed = match next {
+            // Biased (deterministic under a simulation): a change first.
             Some(at) => tokio::select! {
+                biased;
                 _ = signals.wake.notified() => true,
-                _ = tokio::time::sleep_until(at.into()) => false,
+                _ = tokio::time::sleep_until(at) => false,
             },
             None => {
                 signals.wake.notified().await;
@@ -448,7 +481,7 @@ impl Holders {
             .iter()
             .filter(|(id, _)| whole || !writer.in_redis.contains_key(id))
             .map(|(id, hold)| {
-                let (field, value) = hold_entry(hold, now);
+                let (field, value) = hold_entry(hold.as_ref(), now, self.clock.now());
                 (*id, field, value)
             })
             .collect();
@@ -567,11 +600,12 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 /// A hold's field and value in the record (see [`HOLD_FIELD_PREFIX`]).
-fn hold_entry(hold: &Hold, now: Instant) -> (String, String) {
-    let taken = SystemTime::now()
-        .checked_sub(now.saturating_duration_since(hold.acquired_at))
+/// `wall_now`: the wall clock's reading at `now`.
+fn hold_entry(hold: &dyn Recorded, now: Instant, wall_now: SystemTime) -> (String, String) {
+    let taken = wall_now
+        .checked_sub(now.saturating_duration_since(hold.taken_at()))
         .unwrap_or(UNIX_EPOCH);
-    let kind: Cow<'static, str> = match hold.kind {
+    let kind: Cow<'static, str> = match hold.kind() {
         Kind::Exclusive => "lock".into(),
         Kind::Read => "read".into(),
         Kind::Write => "write".into(),
@@ -579,7 +613,7 @@ fn hold_entry(hold: &Hold, now: Instant) -> (String, String) {
     };
     let caller = hold.caller().unwrap_or_default().replace('|', "/");
     (
-        hold_field(&hold.token),
+        hold_field(hold.token()),
         format!("{}|{kind}|{caller}|{}", unix_ms(taken), hold.name()),
     )
 }
@@ -598,13 +632,24 @@ mod tests {
             hold_field("aaaaaaaaaaaaaaaa0123456789abcdef|q12"),
             "h:aaaaaaaaaaaaaaaa"
         );
-        let identity = Identity::new("0123456789abcdef".to_owned(), None);
+        let clock = WallClock::default();
+        let identity = Identity::new("0123456789abcdef".to_owned(), None, &clock, false);
         assert_eq!(
             identity.instance,
             format!("{}:{}", identity.host, std::process::id())
         );
         assert!(!identity.host.is_empty());
-        let named = Identity::new("0123456789abcdef".to_owned(), Some("web-1".to_owned()));
+        let named = Identity::new(
+            "0123456789abcdef".to_owned(),
+            Some("web-1".to_owned()),
+            &clock,
+            false,
+        );
         assert_eq!(named.instance, "web-1");
+        let simulated = Identity::new("0123456789abcdef".to_owned(), None, &clock, true);
+        assert_eq!(
+            (simulated.instance.as_str(), simulated.pid),
+            ("simulated:0", 0)
+        );
     }
 }

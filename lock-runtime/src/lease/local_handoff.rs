@@ -3,18 +3,16 @@
 //! released through Redis.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::backend::Pass;
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter, Wants};
 use crate::lease::hold::{drift_margin, fence_retention_ms, Acquired, Hold};
 use crate::lease::release::{release, spawn_release, FIRST_RELEASE_PAUSE, MAX_RELEASE_PAUSE};
-
-use crate::token::new_token;
 
 /// The release of a holder in its client's cohort (`cohort.rs`) of this
 /// generation: passes the lock to the next task of its client waiting for
@@ -133,7 +131,7 @@ pub(crate) fn pass_to(
         hold.settled().await;
         let cohorts = hold.core.cohorts();
         let key = &hold.keys.lock;
-        let token = match new_token(hold.core.client_id()) {
+        let token = match hold.core.new_token() {
             Ok(token) => token,
             Err(error) => {
                 let _ = waiter.send(Passed::Redis);

@@ -13,7 +13,7 @@
 //! (`local_handoff.rs`) all name a loss here, whatever the deployment (one
 //! server, a cluster, a quorum: the backend says only what it found).
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::backend::Found;
 use crate::error::LostCause;

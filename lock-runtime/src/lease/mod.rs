@@ -19,10 +19,15 @@ pub(crate) mod watch_set;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::Backend;
 use crate::backend::Notifier;
+use crate::error::LockError;
+use crate::token::Random;
+use crate::wall_clock::WallClock;
 use cohort::Cohorts;
 use holders::{Holders, Identity};
 use renewal::Renewer;
@@ -41,6 +46,8 @@ pub(crate) struct Core {
     /// Keys this client released lately while a waiter queued: its next
     /// request for such a key lets that waiter go first.
     handed_over: Mutex<HashMap<String, Instant>>,
+    /// Where its tokens' random bits come from.
+    random: Random,
 }
 
 /// How long after handing a lock over to a waiter this client's own next
@@ -53,16 +60,24 @@ impl Core {
         notifier: Arc<Notifier>,
         key_prefix: String,
         identity: Identity,
+        random: Random,
+        clock: WallClock,
     ) -> Arc<Core> {
         Arc::new(Core {
             renewer: Renewer::new(Arc::clone(&backend)),
-            holders: Holders::new(Arc::clone(&backend), identity, &key_prefix),
+            holders: Holders::new(Arc::clone(&backend), identity, &key_prefix, clock),
             backend,
             notifier,
             cohorts: Cohorts::default(),
             key_prefix,
             handed_over: Mutex::new(HashMap::new()),
+            random,
         })
+    }
+
+    /// A fresh token for one acquisition of this client.
+    pub(crate) fn new_token(&self) -> Result<String, LockError> {
+        self.random.token(self.client_id())
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {

@@ -11,9 +11,10 @@
 //!   part of a set, so no cycle of waiters can form.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::time::Instant;
 
 use crate::backend::{retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Subscription};
 use crate::error::{ConfigError, LockError};
@@ -26,7 +27,6 @@ use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::release::spawn_release;
 use crate::lease::watch::Entry;
 use crate::lease::Core;
-use crate::token::new_token;
 
 /// One call of `acquire` on a set: one acquisition per distinct name, in
 /// the set's canonical (sorted) order.
@@ -106,7 +106,7 @@ impl SetAcquisition<'_> {
         let first = members[0];
         let core = &first.core;
         let settings = first.settings;
-        let token = new_token(core.client_id())?;
+        let token = core.new_token()?;
         let waiter = set_waiter(&token);
         let waits = self.wait.is_some();
         let deadline = self.deadline();

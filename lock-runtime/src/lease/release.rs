@@ -3,7 +3,9 @@
 //! held.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::Found;
 use crate::error::LockError;

@@ -17,9 +17,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Found, RenewItem};
 use crate::error::LostCause;
@@ -185,9 +186,12 @@ async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
         drop(this);
         match next_due {
             Some(at) => {
+                // Biased (deterministic under a simulation): a wake-up
+                // first, which consumes its notification.
                 tokio::select! {
-                    _ = tokio::time::sleep_until(at.into()) => {}
+                    biased;
                     _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
             }
             None => wake.notified().await,

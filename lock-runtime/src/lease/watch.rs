@@ -6,12 +6,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::futures::TaskLocalFuture;
+use tokio::time::Instant;
 
 use crate::error::LostCause;
 use crate::keys::LockKeys;
@@ -397,7 +398,7 @@ pub(crate) fn watch<F: Future>(
     Watched {
         body: CURRENT.scope(Arc::clone(&scope), body),
         scope,
-        deadline: tokio::time::sleep_until(hold.valid_until().into()),
+        deadline: tokio::time::sleep_until(hold.valid_until()),
         signal: (stop_on_loss || reentrant).then(|| hold.loss_signal()),
         hold,
         stop_on_loss,
@@ -440,7 +441,7 @@ impl<F: Future> Future for Watched<F> {
             return Poll::Ready(Ok(output));
         }
         if *this.stop_on_loss {
-            let until = tokio::time::Instant::from_std(this.hold.valid_until());
+            let until = this.hold.valid_until();
             if this.deadline.deadline() != until {
                 this.deadline.as_mut().reset(until);
             }

@@ -74,7 +74,7 @@ fn earliest(members: &[Member]) -> tokio::time::Instant {
     members
         .iter()
         .filter(|member| member.stop_on_loss)
-        .map(|member| tokio::time::Instant::from_std(member.hold.valid_until()))
+        .map(|member| member.hold.valid_until())
         .min()
         .unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(86_400))
 }

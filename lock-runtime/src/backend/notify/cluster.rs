@@ -1,16 +1,19 @@
-//! The connection task of a client on a Redis Cluster: one RESP3 cluster
-//! connection (its own, apart from the lock calls') subscribed with
-//! SSUBSCRIBE to the channel of every slot the client's waiters asked for,
-//! each on the primary of its slot.
+//! The connection task of a client on a Redis Cluster: its own RESP3
+//! connection to each primary (apart from the lock calls'), found by its
+//! own slot map (`transport::cluster::Router`), subscribed with SSUBSCRIBE
+//! to the channel of every slot the client's waiters asked for, each on the
+//! primary of its slot. Its connections are opened through the client's
+//! transport, like every other (TCP, or the simulated network).
 //!
-//! The `redis` crate resubscribes after a reconnect and after a topology
-//! change; this task does not rely on it alone. Whatever the server says
-//! is what counts: a confirmation (`ssubscribe`) makes a slot ready, and a
-//! `sunsubscribe` the server sends (the slot migrated, or its primary
-//! became a replica) or a lost connection makes it not ready, wakes its
-//! waiters (a message may have been lost) and has it subscribed again
-//! (only while it has waiters) after [`RETRY_PAUSE`], doubled after each
-//! failure up to [`MAX_RETRY_PAUSE`], until a confirmation comes.
+//! Whatever the server says is what counts: a confirmation (`ssubscribe`)
+//! makes a slot ready, and a `sunsubscribe` the server sends (the slot
+//! migrated, or its primary became a replica) or a lost connection makes it
+//! not ready, wakes its waiters (a message may have been lost) and has it
+//! subscribed again (only while it has waiters), at once and then, after a
+//! failure, after [`RETRY_PAUSE`], doubled after each failure up to
+//! [`MAX_RETRY_PAUSE`], until a confirmation comes. Nothing is resubscribed
+//! behind its back (the `redis` crate's cluster client, used before, did
+//! that after a reconnect; it was never relied on).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,61 +21,52 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::mpsc;
 
-use super::{Notifier, Transport};
-use crate::backend::connection::within;
+use super::{Listen, Notifier};
+use crate::error::retryable;
+use crate::transport::cluster::Router;
+use crate::transport::within;
 
 /// The pause before connecting or subscribing again after a failure.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// The longest pause between tries of a subscription that keeps failing.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(5);
+/// Tries of one subscription, the slot map fetched again between them
+/// when it proved stale (a `MOVED`, a node gone).
+const TRIES: u32 = 3;
 
 pub(super) async fn run(notifier: Weak<Notifier>) {
     let Some(this) = notifier.upgrade() else {
         return;
     };
-    let Transport::Cluster {
-        seeds,
-        connect_timeout,
-        #[cfg(feature = "tls-rustls")]
-        tls,
-    } = &this.transport
-    else {
+    let Listen::Cluster(seeds) = &this.listen else {
         return;
     };
     let (sender, mut pushes) = mpsc::unbounded_channel();
-    let builder = ClusterClientBuilder::new(seeds.iter().cloned());
-    #[cfg(feature = "tls-rustls")]
-    let builder = match tls {
-        Some(certificates) => builder.certs(certificates.clone()),
-        None => builder,
-    };
-    let client = builder
-        .use_protocol(ProtocolVersion::RESP3)
-        .push_sender(sender)
-        .connection_timeout(*connect_timeout)
-        .response_timeout(this.deadline)
-        // A subscription sent to a node that no longer serves the slot is
-        // redirected (MOVED) after a refresh of the slot map.
-        .retries(3)
-        .build();
-    let client = match client {
-        Ok(client) => client,
-        Err(error) => {
-            // Cannot happen: the lock calls' client was built from the same seeds.
-            tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
-            return;
-        }
-    };
+    // RESP3: a node's subscriptions, their confirmations and messages come
+    // as pushes on its command connection, each sent to `sender`, with a
+    // `Disconnection` when a connection closes.
+    let seeds = seeds
+        .iter()
+        .map(|seed| {
+            let settings = seed
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            seed.clone().set_redis_settings(settings)
+        })
+        .collect();
+    let router = Arc::new(Router::new(
+        seeds,
+        this.transport.with_pushes(sender),
+        this.deadline,
+    ));
     let kick = Arc::clone(&this.kick);
     drop(this);
     let warned = Arc::new(AtomicBool::new(false));
     let pause = Arc::new(AtomicU64::new(0));
-    let mut connection: Option<ClusterConnection> = None;
     let mut subscribing: Option<tokio::task::JoinHandle<()>> = None;
     // Whether the slots to subscribe may have changed since the last look.
     let mut dirty = true;
@@ -80,58 +74,44 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
         let Some(this) = notifier.upgrade() else {
             return;
         };
-        if connection.is_none() {
-            match within(this.deadline, client.get_async_connection()).await {
-                Ok(opened) => connection = Some(opened),
-                Err(error) => {
-                    if !warned.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(%error, "lock notifications unavailable; waiters fall back to timed retries");
-                    }
-                    if this.end_task_if_idle() {
-                        return;
-                    }
-                }
-            }
-        }
-        if let Some(connection) = &connection {
-            if dirty && subscribing.as_ref().is_none_or(|task| task.is_finished()) {
-                dirty = false;
-                // The slots asked for that are not listened on, and only
-                // those that have waiters now: a slot whose waiters are
-                // gone is subscribed again by its next waiter.
-                let missing: Vec<u16> = {
-                    let ready = this.ready.borrow();
-                    let waited_in: HashSet<u16> =
-                        this.waiters().values().map(|(slot, _)| *slot).collect();
-                    let wanted = this.wanted();
-                    wanted
-                        .iter()
-                        .filter(|slot| !ready.contains(slot) && waited_in.contains(slot))
-                        .copied()
-                        .collect()
-                };
-                if !missing.is_empty() {
-                    subscribing = Some(tokio::spawn(subscribe_slots(
-                        Weak::clone(&notifier),
-                        connection.clone(),
-                        missing,
-                        Arc::clone(&warned),
-                        Arc::clone(&pause),
-                    )));
-                }
+        if dirty && subscribing.as_ref().is_none_or(|task| task.is_finished()) {
+            dirty = false;
+            // The slots asked for that are not listened on, and only
+            // those that have waiters now: a slot whose waiters are
+            // gone is subscribed again by its next waiter.
+            let missing: Vec<u16> = {
+                let ready = this.ready.borrow();
+                let waited_in: HashSet<u16> =
+                    this.waiters().values().map(|(slot, _)| *slot).collect();
+                let wanted = this.wanted();
+                wanted
+                    .iter()
+                    .filter(|slot| !ready.contains(slot) && waited_in.contains(slot))
+                    .copied()
+                    .collect()
+            };
+            if !missing.is_empty() {
+                subscribing = Some(tokio::spawn(subscribe_slots(
+                    Weak::clone(&notifier),
+                    Arc::clone(&router),
+                    missing,
+                    Arc::clone(&warned),
+                    Arc::clone(&pause),
+                )));
             }
         }
         drop(this);
+        // Biased: what the server said first, in its order.
         tokio::select! {
+            biased;
             push = pushes.recv() => match push {
                 Some(push) => match notifier.upgrade() {
                     Some(this) => dirty |= handle(&this, push),
                     None => return,
                 },
-                None => return, // cannot happen: `client` holds the sender
+                None => return, // cannot happen: `router` holds the sender
             },
             () = kick.notified() => dirty = true,
-            () = tokio::time::sleep(RETRY_PAUSE), if connection.is_none() => dirty = true,
         }
     }
 }
@@ -145,7 +125,7 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
 /// [`RETRY_PAUSE`] to [`MAX_RETRY_PAUSE`].
 async fn subscribe_slots(
     notifier: Weak<Notifier>,
-    connection: ClusterConnection,
+    router: Arc<Router>,
     slots: Vec<u16>,
     warned: Arc<AtomicBool>,
     pause: Arc<AtomicU64>,
@@ -158,9 +138,9 @@ async fn subscribe_slots(
     let calls: Vec<_> = slots
         .iter()
         .map(|&slot| {
-            let mut connection = connection.clone();
+            let router = Arc::clone(&router);
             let channel = this.channel(slot);
-            async move { within(deadline, connection.ssubscribe(channel)).await }
+            async move { within(deadline, ssubscribe(&router, &channel)).await }
         })
         .collect();
     drop(this);
@@ -186,6 +166,23 @@ async fn subscribe_slots(
         }
     }
     kick.notify_one();
+}
+
+/// `SSUBSCRIBE channel` on the primary of the channel's slot (its name's
+/// hash tag); tried again, by the slot map fetched again, when the map
+/// proved stale (a `MOVED`, a node that cannot be reached). Whether the
+/// slot is listened on is told by the confirmation the server pushes.
+async fn ssubscribe(router: &Router, channel: &str) -> RedisResult<()> {
+    let mut command = redis::cmd("SSUBSCRIBE");
+    command.arg(channel);
+    let mut tries = 1;
+    loop {
+        match router.send(&command).await {
+            Ok(_) => return Ok(()),
+            Err(error) if tries < TRIES && retryable(&error) => tries += 1,
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// What the server pushed: a message, or a change of subscriptions.

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-
-use super::{Notifier, Transport};
-use crate::backend::connection::within;
+use super::{Listen, Notifier};
+use crate::transport::within;
 
 /// The pause before connecting again after a failure.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -48,11 +46,11 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         // With Sentinel: the primary it names now, and its epoch (the
         // subscription moves when it changes).
         let mut sentinel = None;
-        let redis = match (&this.transport, &quorum) {
-            (Transport::Quorum(nodes), Some((node, _))) => Ok(nodes[*node].clone()),
+        let redis = match (&this.listen, &quorum) {
+            (Listen::Quorum(nodes), Some((node, _))) => Ok(nodes[*node].clone()),
             // After a failure, the next seed node.
-            (Transport::Node(seeds), None) => Ok(seeds[seed % seeds.len()].clone()),
-            (Transport::Sentinel(sentinels), None) => within(this.deadline, sentinels.primary())
+            (Listen::Node(seeds), None) => Ok(seeds[seed % seeds.len()].clone()),
+            (Listen::Sentinel(sentinels), None) => within(this.deadline, sentinels.primary())
                 .await
                 .map(|(epoch, primary)| {
                     sentinel = Some((Arc::clone(sentinels), epoch));
@@ -63,10 +61,10 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         seed += 1;
         let channel = this.channel(0);
         let stream = match redis {
-            Ok(redis) => match within(this.deadline, redis.get_async_pubsub()).await {
+            Ok(redis) => match within(this.deadline, this.transport.pubsub(&redis)).await {
                 Ok(mut pubsub) => within(this.deadline, pubsub.subscribe(&channel))
                     .await
-                    .map(|()| pubsub.into_on_message()),
+                    .map(|()| pubsub.into_messages()),
                 Err(error) => Err(error),
             },
             Err(error) => Err(error),
@@ -118,7 +116,10 @@ async fn listen(notifier: Weak<Notifier>, quorum: Option<(usize, Arc<AtomicUsize
         loop {
             let message = match (&mut changes, &sentinel) {
                 // A new primary: listened on there instead.
+                // Biased (deterministic under a simulation): a message
+                // that came first is dispatched before the move.
                 (Some(changes), Some((_, epoch))) => tokio::select! {
+                    biased;
                     message = stream.next() => message,
                     _ = changes.wait_for(|now| now != epoch) => {
                         moved = true;

@@ -23,10 +23,11 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
 
 use super::nodes::{answered, Nodes, Silence};
 use super::{slots, QuorumBackend};
@@ -34,6 +35,7 @@ use crate::backend::redis_backend::{Ballot, Vote, VoteKind};
 use crate::backend::{Acquire, AcquireRequest, Kind, WaitPlace};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
+use crate::token::Random;
 
 /// The shortest ttl over a quorum: shorter, the drift allowance (1 % + 2 ms)
 /// and a round trip leave no validity.
@@ -96,7 +98,7 @@ impl QuorumBackend {
             Kind::Semaphore {
                 capacity, permits, ..
             } => {
-                let slots = slots::ask(place, capacity, permits);
+                let slots = slots::ask(place, capacity, permits, &self.random);
                 format!("{}|q{number:08x}|s{slots}", request.token)
             }
             _ => format!("{}|q{number:08x}", request.token),
@@ -214,7 +216,7 @@ impl QuorumBackend {
                 (patience, cut) => patience.or(cut),
             };
             let next = match until {
-                Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
+                Some(at) => match tokio::time::timeout_at(at, pending.next()).await {
                     Ok(next) => next,
                     Err(_) if cut.is_some_and(|cut| Instant::now() >= cut) => break,
                     Err(_) => {
@@ -367,9 +369,10 @@ impl QuorumBackend {
                     quorum,
                     capacity,
                     permits,
+                    &self.random,
                 );
             }
-            let pause = pause(place, &said);
+            let pause = pause(place, &said, &self.random);
             tracing::trace!(
                 lock = request.keys.name(),
                 granted = granted(&said),
@@ -659,7 +662,7 @@ impl QuorumClock {
 /// vote (nobody holds it, yet it got no majority while first in line
 /// somewhere), a short random pause that grows with each split vote in a
 /// row; not first anywhere, until the first waiter's release wakes it.
-fn pause(place: Option<&WaitPlace>, said: &[Said]) -> Duration {
+fn pause(place: Option<&WaitPlace>, said: &[Said], random: &Random) -> Duration {
     let held = said
         .iter()
         .filter_map(|said| match said {
@@ -687,7 +690,7 @@ fn pause(place: Option<&WaitPlace>, said: &[Said]) -> Duration {
     let most = SPLIT_VOTE_PAUSE
         .saturating_mul(1 << splits)
         .min(SPLIT_VOTE_MAX_PAUSE);
-    Duration::from_millis(1) + random_below(most)
+    Duration::from_millis(1) + random_below(most, random)
 }
 
 /// The checks made before anything is sent.
@@ -741,11 +744,9 @@ fn attempt_number(place: Option<&WaitPlace>) -> u32 {
 }
 
 /// A random duration below `most` (at µs resolution).
-fn random_below(most: Duration) -> Duration {
-    let mut bytes = [0u8; 4];
-    let _ = getrandom::fill(&mut bytes);
+fn random_below(most: Duration, random: &Random) -> Duration {
     let micros = most.as_micros().max(1) as u64;
-    Duration::from_micros(u64::from(u32::from_be_bytes(bytes)) % micros)
+    Duration::from_micros(random.below(micros))
 }
 
 /// The error of an attempt that a majority granted but that was not held:

@@ -36,10 +36,11 @@ mod slots;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
 
 use self::attempt::{undecided, unreachable, QuorumClock};
 use self::nodes::{answered, Nodes, Silence};
@@ -50,6 +51,7 @@ use super::{
 };
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
+use crate::token::Random;
 
 /// How long the nodes yet to answer a renewal are waited for, at least, once
 /// a majority answered and only they could still decide some lock: nodes
@@ -66,15 +68,23 @@ pub(crate) struct QuorumBackend {
     deadline: Duration,
     /// The nodes' time, for waiters' tickets.
     clock: QuorumClock,
+    /// The client's random source: the pauses after split votes, the
+    /// semaphore slots first asked for.
+    random: Random,
 }
 
 impl QuorumBackend {
     /// A quorum of `nodes`, each with the `host:port` it is reported by.
-    pub(crate) fn new(nodes: Vec<(RedisBackend, String)>, deadline: Duration) -> QuorumBackend {
+    pub(crate) fn new(
+        nodes: Vec<(RedisBackend, String)>,
+        deadline: Duration,
+        random: Random,
+    ) -> QuorumBackend {
         QuorumBackend {
             nodes: Arc::new(Nodes::new(nodes)),
             deadline,
             clock: QuorumClock::default(),
+            random,
         }
     }
 
@@ -404,7 +414,7 @@ impl Backend for QuorumBackend {
             let mut cutoff: Option<Instant> = None;
             loop {
                 let next = match cutoff {
-                    Some(at) => match tokio::time::timeout_at(at.into(), pending.next()).await {
+                    Some(at) => match tokio::time::timeout_at(at, pending.next()).await {
                         Ok(next) => next,
                         Err(_) => {
                             // Not waited for again until they answer.
@@ -543,7 +553,7 @@ impl Backend for QuorumBackend {
                         Err(LockError::redis(
                             write.key,
                             "write of the holder record",
-                            crate::backend::connection::timed_out(self.deadline),
+                            crate::transport::timed_out(self.deadline),
                         ))
                     })
             }))
@@ -568,7 +578,7 @@ impl Backend for QuorumBackend {
                         Err(LockError::redis(
                             key,
                             "read of the holder record",
-                            crate::backend::connection::timed_out(self.deadline),
+                            crate::transport::timed_out(self.deadline),
                         ))
                     })
             }))

@@ -15,10 +15,16 @@
 use std::sync::PoisonError;
 
 use crate::backend::WaitPlace;
+use crate::token::Random;
 
 /// The slots the attempt asks for, comma-separated: the ones its last
 /// refusals suggested, or k from a random start.
-pub(super) fn ask(place: Option<&WaitPlace>, capacity: u32, permits: u32) -> String {
+pub(super) fn ask(
+    place: Option<&WaitPlace>,
+    capacity: u32,
+    permits: u32,
+    random: &Random,
+) -> String {
     let remembered = place
         .map(|place| {
             place
@@ -30,7 +36,7 @@ pub(super) fn ask(place: Option<&WaitPlace>, capacity: u32, permits: u32) -> Str
         })
         .filter(|slots| slots.len() == permits as usize);
     let slots = remembered.unwrap_or_else(|| {
-        let start = random_below(capacity);
+        let start = random_below(random, capacity);
         (0..permits.min(capacity))
             .map(|i| (start + i) % capacity.max(1))
             .collect()
@@ -52,8 +58,9 @@ pub(super) fn learn(
     quorum: usize,
     capacity: u32,
     permits: u32,
+    random: &Random,
 ) {
-    let slots = choose(taken, capacity, permits, random_below(capacity));
+    let slots = choose(taken, capacity, permits, random_below(random, capacity));
     let reported = |slot: u32| taken.iter().filter(|node| node.contains(&slot)).count();
     let promising = slots
         .iter()
@@ -93,10 +100,8 @@ pub(super) fn choose(taken: &[&[u32]], capacity: u32, permits: u32, start: u32) 
     chosen.into_iter().map(|(_, slot)| slot).collect()
 }
 
-fn random_below(most: u32) -> u32 {
-    let mut bytes = [0u8; 4];
-    let _ = getrandom::fill(&mut bytes);
-    u32::from_be_bytes(bytes) % most.max(1)
+fn random_below(random: &Random, most: u32) -> u32 {
+    random.below(u64::from(most)) as u32
 }
 
 #[cfg(test)]

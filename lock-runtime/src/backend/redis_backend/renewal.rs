@@ -27,9 +27,9 @@ use crate::backend::scripts::{
     as_eval, is_noscript, run, LuaScript, RENEW, RENEW_ANY_SLOT, RENEW_SHARES,
     RENEW_SHARES_ANY_SLOT,
 };
-use crate::backend::slot_map::primary_of;
-use crate::backend::slots::slot;
 use crate::backend::{Found, Kind, RenewItem};
+use crate::transport::cluster::slot_map::primary_of;
+use crate::transport::cluster::slots::slot;
 
 /// Locks per renewal script call (a script blocks Redis while it runs).
 const LOCKS_PER_CALL: usize = 100;

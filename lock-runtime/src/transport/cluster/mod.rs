@@ -1,5 +1,5 @@
 //! The Redis Cluster connection of the lock calls: one multiplexed
-//! connection per primary, opened again after it broke (`node_link.rs`),
+//! connection per primary, opened again after it broke (`transport/node`),
 //! and the slot
 //! map (`CLUSTER SLOTS`) to route each call to the primary of its keys'
 //! slot.
@@ -14,7 +14,7 @@
 //! once more to the named node after `ASKING`) and dropped nodes (the map
 //! is fetched again from any node that answers).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,15 +22,16 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 
 use redis::aio::ConnectionLike;
-use redis::{
-    Arg, AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError,
-    RedisResult, Value,
-};
+use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 
-use super::connection::within;
-use super::node_link::NodeLink;
-use super::slot_map::{parse_cluster_slots, Ranges};
-use super::slots::slot;
+pub(crate) mod slot_map;
+pub(crate) mod slots;
+
+use self::slot_map::{parse_cluster_slots, Ranges};
+use self::slots::slot;
+use crate::transport::node::NodeLink;
+use crate::transport::within;
+use crate::transport::Transport;
 
 /// The slot map, and for each slot the connection to its primary (no
 /// lock, no hashing on a call's way).
@@ -46,13 +47,16 @@ const NONE: u16 = u16::MAX;
 pub(crate) struct Router {
     /// The seed nodes (their settings: credentials, TLS, database).
     seeds: Vec<ConnectionInfo>,
-    config: AsyncConnectionConfig,
+    /// How the nodes' connections are opened.
+    transport: Transport,
     /// The longest a node may take to answer `CLUSTER SLOTS`.
     deadline: Duration,
     /// Which primary serves which slot, and its connection, if known.
     table: ArcSwapOption<Table>,
     /// One connection per node address (`host:port`), opened on first use.
-    nodes: Mutex<HashMap<String, NodeLink>>,
+    /// Ordered: the connections of nodes gone are dropped (closed) in its
+    /// order, the same in every run of a simulation.
+    nodes: Mutex<BTreeMap<String, NodeLink>>,
     /// One fetch of the map at a time.
     fetching: tokio::sync::Mutex<()>,
     /// A digest of the last map fetched (0: none yet): what a call was
@@ -64,15 +68,15 @@ pub(crate) struct Router {
 impl Router {
     pub(crate) fn new(
         seeds: Vec<ConnectionInfo>,
-        config: AsyncConnectionConfig,
+        transport: Transport,
         deadline: Duration,
     ) -> Router {
         Router {
             seeds,
-            config,
+            transport,
             deadline,
             table: ArcSwapOption::empty(),
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(BTreeMap::new()),
             fetching: tokio::sync::Mutex::new(()),
             map_digest: AtomicU64::new(0),
         }
@@ -186,7 +190,7 @@ impl Router {
         })
     }
 
-    fn nodes(&self) -> MutexGuard<'_, HashMap<String, NodeLink>> {
+    fn nodes(&self) -> MutexGuard<'_, BTreeMap<String, NodeLink>> {
         self.nodes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -224,7 +228,7 @@ impl Router {
             _ => ConnectionAddr::Tcp(host, port),
         };
         let client = redis::Client::open(seed.clone().set_addr(addr))?;
-        let connection = NodeLink::new(client, self.config.clone());
+        let connection = NodeLink::new(client, self.transport.clone());
         Ok(self
             .nodes()
             .entry(address.to_owned())

@@ -1,5 +1,5 @@
 //! The slot map of a Redis Cluster: which primary serves which slot, as
-//! `CLUSTER SLOTS` answers it (kept by `router.rs`, which routes each call
+//! `CLUSTER SLOTS` answers it (kept by the router, `mod.rs`, which routes each call
 //! by it; renewals are grouped by it into one pipeline per primary).
 
 use redis::Value;

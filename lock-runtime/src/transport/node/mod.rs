@@ -31,11 +31,13 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use super::{Transport, Wire};
 
 /// An opening connection, awaited by every call that needs it.
-type Opening = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
+type Opening = Shared<BoxFuture<'static, RedisResult<Wire>>>;
 
 /// A handle to one server's connection; cheap to clone (every clone uses
 /// the same connection).
@@ -44,7 +46,7 @@ pub(crate) struct NodeLink(Arc<Node>);
 
 struct Node {
     client: redis::Client,
-    config: AsyncConnectionConfig,
+    transport: Transport,
     /// Read by every call; changed (under `changing`) only when the
     /// connection opens or closes.
     state: ArcSwap<State>,
@@ -62,15 +64,16 @@ enum Now {
     /// Not opened yet, or closed: the next call opens it.
     Closed,
     Opening(Opening),
-    Open(MultiplexedConnection),
+    Open(Wire),
 }
 
 impl NodeLink {
-    /// A connection to `client`'s server, opened on first use.
-    pub(crate) fn new(client: redis::Client, config: AsyncConnectionConfig) -> NodeLink {
+    /// A connection to `client`'s server, opened on first use through
+    /// `transport`.
+    pub(crate) fn new(client: redis::Client, transport: Transport) -> NodeLink {
         NodeLink(Arc::new(Node {
             client,
-            config,
+            transport,
             state: ArcSwap::from_pointee(State {
                 number: 0,
                 now: Now::Closed,
@@ -81,7 +84,7 @@ impl NodeLink {
 
     /// The open connection and its number: opened, or waited for while it
     /// opens, if need be.
-    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
+    async fn connection(&self) -> RedisResult<(Wire, u64)> {
         let (opening, number) = {
             let state = self.0.state.load();
             match &state.now {
@@ -121,9 +124,9 @@ impl NodeLink {
             }
             Now::Closed => {
                 let client = self.0.client.clone();
-                let config = self.0.config.clone();
+                let transport = self.0.transport.clone();
                 async move {
-                    let opening = client.get_multiplexed_async_connection_with_config(&config);
+                    let opening = transport.connect(&client);
                     // A shared future that panicked panics again for every
                     // caller: a panic while opening (the connect timeout's
                     // timer of a runtime that ended meanwhile) fails this
@@ -192,7 +195,7 @@ impl NodeLink {
     /// Sends `cmd` and reads its reply.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
         let (mut connection, number) = self.connection().await?;
-        let reply = connection.send_packed_command(cmd).await;
+        let reply = connection.send(cmd).await;
         if let Err(error) = &reply {
             self.failed(number, error);
         }
@@ -208,9 +211,7 @@ impl NodeLink {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         let (mut connection, number) = self.connection().await?;
-        let replies = connection
-            .send_packed_commands(pipeline, offset, count)
-            .await;
+        let replies = connection.send_pipeline(pipeline, offset, count).await;
         if let Err(error) = &replies {
             self.failed(number, error);
         }
@@ -241,6 +242,8 @@ impl ConnectionLike for NodeLink {
 mod tests {
     use std::net::SocketAddr;
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    use redis::AsyncConnectionConfig;
 
     use super::*;
 
@@ -276,7 +279,7 @@ mod tests {
                 lookups: Arc::clone(&lookups),
             });
         let client = redis::Client::open("redis://redis.test:6379/").unwrap();
-        let link = NodeLink::new(client, config);
+        let link = NodeLink::new(client, Transport::tcp_with(config));
         let ping = redis::cmd("PING");
         let first = link.send(&ping).await.expect_err("the opening panicked");
         assert!(first.to_string().contains("panicked"), "{first}");

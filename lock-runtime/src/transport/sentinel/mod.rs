@@ -33,22 +33,18 @@
 //! is one `SENTINEL` command and one `ROLE`.
 
 use std::collections::HashMap;
-use std::error::Error;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult,
-    Value,
-};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 use tokio::sync::watch;
 
-use super::connection::within;
+use crate::error::NoPrimary;
+use crate::transport::{within, Transport, Wire};
 
 /// How long the answers of the sentinels beyond a majority are waited for:
 /// a sentinel that is slow or stalled is not waited for longer.
@@ -68,9 +64,9 @@ pub(crate) struct Sentinels {
     /// The data nodes' settings (credentials, database, TLS and its
     /// certificates); its address is replaced by the primary's.
     primary_settings: ConnectionInfo,
-    /// The settings of every connection: the connect timeout; no response
-    /// timeout (each call runs under `Connection::call`'s deadline).
-    connection_config: AsyncConnectionConfig,
+    /// How every connection is opened: within the connect timeout; no
+    /// response timeout (each call runs under `Connection::call`'s deadline).
+    transport: Transport,
     /// The longest a sentinel's answer or a `ROLE` check may take.
     deadline: Duration,
     state: Mutex<State>,
@@ -90,7 +86,7 @@ struct Node {
     /// `host:port`, for messages (never the credentials).
     address: String,
     /// Its connection, kept between resolutions.
-    connection: Mutex<Option<MultiplexedConnection>>,
+    connection: Mutex<Option<Wire>>,
 }
 
 /// What is known of the primary.
@@ -119,7 +115,7 @@ impl Sentinels {
         nodes: Vec<(redis::Client, String)>,
         master: String,
         primary_settings: ConnectionInfo,
-        connect_timeout: Duration,
+        transport: Transport,
         deadline: Duration,
     ) -> Arc<Sentinels> {
         Arc::new(Sentinels {
@@ -133,9 +129,7 @@ impl Sentinels {
                 .collect(),
             master,
             primary_settings,
-            connection_config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(None),
+            transport,
             deadline,
             state: Mutex::new(State {
                 primary: None,
@@ -170,9 +164,9 @@ impl Sentinels {
         self.primary_settings.redis_settings().db()
     }
 
-    /// The settings a connection to a data node is opened with.
-    pub(crate) fn connection_config(&self) -> &AsyncConnectionConfig {
-        &self.connection_config
+    /// How a connection to a data node is opened.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// A connection to the primary of epoch `epoch` failed, closed, or was
@@ -332,9 +326,7 @@ impl Sentinels {
     async fn check(&self, host: &str, port: u16) -> Result<(), Refusal> {
         let check = async {
             let client = self.client_for(host, port)?;
-            let mut connection = client
-                .get_multiplexed_async_connection_with_config(&self.connection_config)
-                .await?;
+            let mut connection = self.transport.connect(&client).await?;
             redis::cmd("ROLE")
                 .query_async::<redis::Role>(&mut connection)
                 .await
@@ -474,10 +466,7 @@ impl Sentinels {
             let mut connection = match kept {
                 Some(connection) => connection,
                 None => {
-                    let connection = node
-                        .client
-                        .get_multiplexed_async_connection_with_config(&self.connection_config)
-                        .await?;
+                    let connection = self.transport.connect(&node.client).await?;
                     *node
                         .connection
                         .lock()
@@ -592,14 +581,15 @@ async fn watch_switches(sentinels: Weak<Sentinels>, index: usize) {
         let Some(this) = sentinels.upgrade() else {
             return;
         };
-        let (client, deadline, master) = (
+        let (client, deadline, master, transport) = (
             this.nodes[index].client.clone(),
             this.deadline,
             this.master.clone(),
+            this.transport.clone(),
         );
         drop(this);
         let subscribed = within(deadline, async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let mut pubsub = transport.pubsub(&client).await?;
             pubsub.subscribe(SWITCH_MASTER).await?;
             Ok(pubsub)
         })
@@ -611,7 +601,7 @@ async fn watch_switches(sentinels: Weak<Sentinels>, index: usize) {
                 };
                 this.refresh().await;
             }
-            let mut messages = pubsub.into_on_message();
+            let mut messages = pubsub.into_messages();
             while let Some(message) = messages.next().await {
                 let Some(this) = sentinels.upgrade() else {
                     return;
@@ -650,66 +640,6 @@ impl Refusal {
     }
 }
 
-/// No sentinel named a primary that answers as one: what each said.
-#[derive(Debug)]
-pub(crate) struct NoPrimary {
-    master: String,
-    reports: Vec<String>,
-    /// Every sentinel refused the login, or every primary named did: a
-    /// configuration mistake, not retried.
-    login_refused: bool,
-}
-
-impl fmt::Display for NoPrimary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Redis Sentinel gave no primary for `{}` that answers as one: {}",
-            self.master,
-            self.reports.join("; ")
-        )
-    }
-}
-
-impl Error for NoPrimary {}
-
-impl From<NoPrimary> for RedisError {
-    /// An I/O error (retried within the call's deadline, as a primary
-    /// that cannot be reached is) that keeps the reports; an
-    /// authentication failure (not retried) when every login was refused.
-    fn from(error: NoPrimary) -> RedisError {
-        if error.login_refused {
-            return RedisError::from((
-                redis::ErrorKind::AuthenticationFailed,
-                "Redis Sentinel: the login was refused",
-                error.to_string(),
-            ));
-        }
-        std::io::Error::new(std::io::ErrorKind::NotConnected, error).into()
-    }
-}
-
-/// Whether `error` is a [`NoPrimary`] (for its advice).
-pub(crate) fn is_no_primary(error: &RedisError) -> bool {
-    let mut next: Option<&(dyn Error + 'static)> = error.source();
-    for _ in 0..4 {
-        let Some(current) = next else {
-            return false;
-        };
-        if current.is::<NoPrimary>() {
-            return true;
-        }
-        next = if let Some(io) = current.downcast_ref::<std::io::Error>() {
-            io.get_ref().map(|inner| inner as &(dyn Error + 'static))
-        } else if let Some(shared) = current.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
-            Some(shared.as_ref() as &(dyn Error + 'static))
-        } else {
-            current.source()
-        };
-    }
-    false
-}
-
 /// The lock calls' connection to the primary the sentinels name: opened on
 /// first use, and again when the primary changes (a new epoch) or after it
 /// failed. Cheap to share; one multiplexed connection.
@@ -722,7 +652,7 @@ pub(crate) struct SentinelLink {
 /// An open connection, and the epoch of the primary it goes to.
 struct Open {
     epoch: u64,
-    connection: MultiplexedConnection,
+    connection: Wire,
 }
 
 impl SentinelLink {
@@ -758,8 +688,10 @@ impl SentinelLink {
             return Ok(open);
         }
         let (epoch, client) = self.sentinels.primary().await?;
-        let connection = client
-            .get_multiplexed_async_connection_with_config(self.sentinels.connection_config())
+        let connection = self
+            .sentinels
+            .transport()
+            .connect(&client)
             .await
             .inspect_err(|_| self.sentinels.suspect(epoch))?;
         let open = Arc::new(Open { epoch, connection });
@@ -826,44 +758,4 @@ fn lost_primary(error: &RedisError) -> bool {
                 redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
             )
         )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_no_primary_error_is_recognised_and_names_each_sentinel() {
-        let error: RedisError = NoPrimary {
-            master: "mymaster".to_owned(),
-            reports: vec![
-                "sentinel 10.0.0.1:26379 could not be asked (refused)".to_owned(),
-                "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
-            ],
-            login_refused: false,
-        }
-        .into();
-        assert!(is_no_primary(&error));
-        let text = error.to_string();
-        assert!(
-            text.contains("10.0.0.1:26379") && text.contains("10.0.0.2:26379"),
-            "{text}"
-        );
-        assert!(super::super::retryable(&error));
-        let other: RedisError = std::io::Error::other("boom").into();
-        assert!(!is_no_primary(&other));
-    }
-
-    #[test]
-    fn a_refused_login_everywhere_is_not_retried() {
-        let error: RedisError = NoPrimary {
-            master: "mymaster".to_owned(),
-            reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
-            login_refused: true,
-        }
-        .into();
-        assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
-        assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
-        assert!(!super::super::retryable(&error));
-    }
 }
