@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::wait_for;
-use crate::backend::{retryable, Acquire, AcquireRequest, Kind, WaitPlace};
+use crate::backend::{retryable, Acquire, AcquireRequest, Kind, Respect, WaitPlace};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
@@ -335,8 +335,10 @@ impl Acquisition<'_> {
     /// of; one whose value is another (a shared kind's) comes as a guard.
     async fn first_attempt(&self, token: &str) -> Result<Taken, LockError> {
         let mut unknown = Unknown::new(self, token);
-        let respect = self.settings.fair;
-        match self.attempt(&mut unknown, "", false, respect, None).await? {
+        match self
+            .attempt(&mut unknown, "", false, self.fair(), None)
+            .await?
+        {
             Attempt::Acquired(fence, found, None) => Ok(Taken::Plain(unknown.settle(found, fence))),
             Attempt::Acquired(fence, found, holds) => {
                 Ok(Taken::Guard(unknown.acquired(fence, found, holds)))
@@ -347,26 +349,41 @@ impl Acquisition<'_> {
         }
     }
 
-    /// Whether this attempt must let queued waiters go first: always in fair
-    /// mode, and right after this client handed the lock to a waiter (so a
-    /// holder that releases and asks again at once does not snatch the lock
-    /// back from the waiter it just woke).
-    pub(crate) fn respects_queue(&self) -> bool {
-        self.settings.fair || self.core.just_handed_over(&self.keys.lock)
+    /// Whom queued this attempt lets go first: every waiter, a set's too,
+    /// right after this client handed the lock to a waiter (so a holder that
+    /// releases and asks again at once does not snatch the lock back from
+    /// the waiter it just woke, whatever its kind); else as
+    /// [`fair`](Self::fair) says.
+    pub(crate) fn respects_queue(&self) -> Respect {
+        if self.core.just_handed_over(&self.keys.lock) {
+            Respect::Everyone
+        } else {
+            self.fair()
+        }
+    }
+
+    /// Whom queued every attempt lets go first: in fair mode, the first
+    /// live waiter that is not a set's (a set's place keeps no key, §16).
+    pub(crate) fn fair(&self) -> Respect {
+        if self.settings.fair {
+            Respect::Singles
+        } else {
+            Respect::No
+        }
     }
 
     /// Waits for the lock (from `started`, for `wait`), in the queue of
-    /// waiters that releases wake. `respect`: this waiter lets queued
-    /// waiters go first ([`respects_queue`](Self::respects_queue)).
+    /// waiters that releases wake. `respect`: whom queued its first
+    /// attempts let go first ([`respects_queue`](Self::respects_queue)).
     pub(crate) async fn waiting(
         &self,
         wait: Duration,
         started: Instant,
-        respect: bool,
+        respect: Respect,
     ) -> Result<LockGuard, LockError> {
         let token = new_token(self.core.client_id())?;
         let mut unknown = Unknown::new(self, &token);
-        let fair = self.settings.fair;
+        let fair = self.fair();
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
@@ -529,7 +546,7 @@ impl Acquisition<'_> {
         unknown: &mut Unknown<'_>,
         member: &str,
         join_queue: bool,
-        respect_queue: bool,
+        respect_queue: Respect,
         place: Option<&WaitPlace>,
     ) -> Result<Attempt, LockError> {
         // Until an answer comes, this attempt may have taken the lock.

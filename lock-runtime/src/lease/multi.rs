@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
-use crate::backend::{retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Subscription};
+use crate::backend::{
+    retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Respect, Subscription,
+};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::acquire::{
@@ -131,10 +133,16 @@ impl SetAcquisition<'_> {
         } else {
             None
         };
-        let mut respect = settings.fair
-            || members
-                .iter()
-                .any(|member| core.just_handed_over(&member.keys.lock));
+        // Right after this client handed one of the keys over, every waiter
+        // goes first until the set's first wait (§4).
+        let handed_over = members
+            .iter()
+            .any(|member| core.just_handed_over(&member.keys.lock));
+        let mut respect = if handed_over {
+            Respect::Everyone
+        } else {
+            first.fair()
+        };
         let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
             let notified = subscription.as_ref().map(Subscription::notified);
@@ -204,7 +212,7 @@ impl SetAcquisition<'_> {
             }
             // A holder that just handed one of the keys over lets its waiter
             // go first only until its own first wait.
-            respect = settings.fair;
+            respect = first.fair();
             let mut pause = expires_in.map_or(FALLBACK_PAUSE, |expires_in| {
                 expires_in.saturating_add(Duration::from_millis(1))
             });
