@@ -689,3 +689,51 @@ async fn a_fair_set_does_not_pass_a_single_waiter_queued_behind_another_set() {
     );
     set.try_acquire().await.unwrap().release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_set_held_by_outer_locks_gets_a_token_above_each_keys_and_raises_it() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let fenced = |name: &str| Lock::new(name).fencing().client(client.clone());
+    // y's tokens far ahead of x's (another primary's clock, a fence raised
+    // by an earlier set, a quorum's maximum).
+    redis(
+        &server,
+        &["SET", "lock:{hy}:fence", "9000000000000000", "PX", "60000"],
+    );
+    let set = Lock::all(["hx", "hy"]).fencing().client(client.clone());
+    let (x_token, set_token, x_after) = fenced("hx")
+        .run(async {
+            let x_token = lock_runtime::current().unwrap().fencing_token().unwrap();
+            let set_token = fenced("hy")
+                .run(async {
+                    let guard = set.try_acquire().await.unwrap();
+                    assert!(guard.is_reentrant());
+                    let set_token = guard.fencing_token().unwrap();
+                    assert!(guard
+                        .locks()
+                        .all(|lock| lock.fencing_token() == Some(set_token)));
+                    guard.release().await.unwrap();
+                    set_token
+                })
+                .await
+                .unwrap();
+            // The outer x's holder writes with the set's token from now on.
+            let x_after = lock_runtime::current().unwrap().fencing_token().unwrap();
+            (x_token, set_token, x_after)
+        })
+        .await
+        .unwrap();
+    assert!(set_token > 9_000_000_000_000_000, "{set_token}");
+    assert!(x_token < set_token && x_after == set_token);
+    // The next token of each key is larger than the set's, x's too.
+    for name in ["hx", "hy"] {
+        let guard = fenced(name).try_acquire().await.unwrap();
+        let next = guard.fencing_token().unwrap();
+        assert!(
+            next > set_token,
+            "{name}: {next} after the set's {set_token}"
+        );
+        guard.release().await.unwrap();
+    }
+}

@@ -83,8 +83,17 @@ impl SetAcquisition<'_> {
             for (index, guard) in rest.into_iter().zip(taken) {
                 guards[index] = Some(guard);
             }
+            return Ok(guards.into_iter().flatten().collect());
         }
-        Ok(guards.into_iter().flatten().collect())
+        // Every lock of the set is held up the call chain (by outer locks
+        // taken one by one, each with its own token): the set's token is the
+        // largest of theirs, raised on every key's fence and in every outer
+        // hold, so that no later token of any key is smaller (design §16).
+        let guards: Vec<LockGuard> = guards.into_iter().flatten().collect();
+        if self.members[0].settings.fencing {
+            raise_fences(&self.members[0], &guards).await?;
+        }
+        Ok(guards)
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -300,9 +309,10 @@ async fn give_back(taken: Vec<Option<LockGuard>>) {
     join_all(taken.into_iter().flatten().map(LockGuard::release)).await;
 }
 
-/// One fencing token for a set taken key by key: the largest of its keys'
-/// tokens, written to every key's fence (`fence_raise.lua`) so that every
-/// later token of each key is larger.
+/// One fencing token for a set whose keys got a token each (taken key by
+/// key, or held by outer locks): the largest of them, written to the fence
+/// of every key whose token is smaller (`fence_raise.lua`) so that every
+/// later token of each key is larger, and reported by every hold.
 async fn raise_fences(first: &Acquisition<'_>, guards: &[LockGuard]) -> Result<(), LockError> {
     let Some(token) = guards
         .iter()
@@ -313,7 +323,10 @@ async fn raise_fences(first: &Acquisition<'_>, guards: &[LockGuard]) -> Result<(
     };
     let retention_ms = fence_retention_ms(first.ttl_ms);
     let backend = first.core.backend();
-    let raised = join_all(guards.iter().map(|guard| {
+    let behind = guards
+        .iter()
+        .filter(|guard| guard.fencing_token().is_some_and(|own| own < token));
+    let raised = join_all(behind.map(|guard| {
         let keys = &guard.hold().keys;
         backend.fence_at_least(keys, token, retention_ms)
     }))
