@@ -333,3 +333,70 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     // And the set is free for the next taker.
     set.try_acquire().await.unwrap().release().await.unwrap();
 }
+
+/// What `lock` (a single lock or a set) says while its servers cannot
+/// answer: the call's outcome, as a string for the assertion's message.
+async fn outcome<T: std::fmt::Debug>(
+    acquiring: impl std::future::Future<Output = Result<T, LockError>>,
+) -> LockError {
+    acquiring.await.expect_err("no server answers")
+}
+
+fn is_redis_error(error: &LockError) -> bool {
+    matches!(error, LockError::Redis { .. }) && !error.is_busy()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_reports_servers_that_do_not_answer_as_a_redis_error() {
+    // Acknowledged mode takes a set key by key, as a cluster across slots
+    // and a quorum do.
+    let (mut primary, _replica) = primary_with_replica();
+    let client = Client::new(
+        Config::new(primary.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .acknowledged(1, Duration::from_millis(500)),
+    )
+    .unwrap();
+    let wait = Duration::from_secs(1);
+    let single = Lock::new("dead:a").wait(wait).client(client.clone());
+    let set = Lock::all(["dead:a", "dead:b"])
+        .wait(wait)
+        .client(client.clone());
+    // The connection is open and the set works.
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    loop {
+        match set.acquire().await {
+            Ok(guard) => break guard.release().await.unwrap(),
+            Err(LockError::NotReplicated { .. }) if std::time::Instant::now() < deadline => {}
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    // Stopped, then killed: a single lock and the set both say the server
+    // did not answer, neither that the lock stayed held.
+    signal(&primary, "-STOP");
+    let single_error = outcome(single.acquire()).await;
+    let set_error = outcome(set.acquire()).await;
+    signal(&primary, "-CONT");
+    assert!(is_redis_error(&single_error), "{single_error:?}");
+    assert!(is_redis_error(&set_error), "stopped: {set_error:?}");
+    primary.kill();
+    let single_error = outcome(single.acquire()).await;
+    let set_error = outcome(set.acquire()).await;
+    assert!(is_redis_error(&single_error), "{single_error:?}");
+    assert!(is_redis_error(&set_error), "killed: {set_error:?}");
+
+    // A quorum with two of three nodes stopped: no majority answers.
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let set = Lock::all(["dead:a", "dead:b"])
+        .wait(wait)
+        .client(client.clone());
+    set.acquire().await.unwrap().release().await.unwrap();
+    signal(&nodes[1], "-STOP");
+    signal(&nodes[2], "-STOP");
+    let set_error = outcome(set.acquire()).await;
+    signal(&nodes[1], "-CONT");
+    signal(&nodes[2], "-CONT");
+    assert!(is_redis_error(&set_error), "quorum: {set_error:?}");
+}

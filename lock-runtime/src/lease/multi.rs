@@ -259,6 +259,10 @@ impl SetAcquisition<'_> {
                 }
             }
             let mut busy = None;
+            // A key whose servers did not answer this round: at the end of
+            // the wait its error is the outcome, not `WaitTimeout` (nobody
+            // can tell whether the key stayed held, design §13).
+            let mut unanswered = None;
             for (index, member) in members.iter().enumerate() {
                 if taken[index].is_some() {
                     continue;
@@ -269,10 +273,12 @@ impl SetAcquisition<'_> {
                         busy = Some(index);
                         break;
                     }
-                    Err(LockError::Redis { source, .. })
-                        if self.wait.is_some() && retryable(&source) =>
+                    Err(error @ LockError::Redis { .. })
+                        if self.wait.is_some()
+                            && matches!(&error, LockError::Redis { source, .. } if retryable(source)) =>
                     {
                         busy = Some(index);
+                        unanswered = Some(error);
                         break;
                     }
                     Err(error) => {
@@ -296,7 +302,7 @@ impl SetAcquisition<'_> {
                 });
             }
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Err(self.wait_timeout(name));
+                return Err(unanswered.unwrap_or_else(|| self.wait_timeout(name)));
             }
             wait_first = Some(index);
         }
