@@ -14,6 +14,11 @@
 //!   `key = ["account:<from>", "account:<to>"]` (a non-atomic GET, GET,
 //!   SET, SET; `from == to` is one lock and moves nothing). Prints `done
 //!   transfers=N errors=E`.
+//! - `stream KEY`: a single-key locker beside sets: takes `Lock::new(KEY)`
+//!   (ttl 10 s, wait 10 s) again and again, each a 2 ms section that then
+//!   INCRs `stream:sections` on the bookkeeping server, asking again as
+//!   soon as it released. Prints `ready` after its first section, and
+//!   `done sections=N errors=E` once `stop` arrives on stdin.
 
 use std::time::{Duration, Instant};
 
@@ -138,4 +143,38 @@ pub(crate) async fn transfers(accounts: u32, rounds: u32, seed: u64) {
         "done transfers={done} errors={errors}|{}",
         first.unwrap_or_default()
     ));
+}
+
+pub(crate) async fn stream(key: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut redis = bookkeeping().await;
+    let lock = Lock::new(key)
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(10));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let told = tokio::spawn(async move {
+        assert_eq!(next_line().await, "stop");
+        stopping.store(true, Ordering::Relaxed);
+    });
+    let (mut sections, mut errors) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        match lock.acquire().await {
+            Ok(guard) => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let _: i64 = redis.incr("stream:sections", 1).await.unwrap();
+                if guard.release().await.is_err() {
+                    errors += 1;
+                }
+                sections += 1;
+                if sections == 1 {
+                    say("ready");
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    told.await.unwrap();
+    say(&format!("done sections={sections} errors={errors}"));
 }

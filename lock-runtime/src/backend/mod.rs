@@ -357,6 +357,25 @@ pub(crate) trait Backend: Send + Sync + 'static {
         keep_ms: u64,
     ) -> BoxFuture<'a, Result<Release, LockError>>;
 
+    /// Gives back a key a set's waiter took in a round that did not get the
+    /// whole set (`token`: the value it took it with): compare-and-delete,
+    /// waking the first waiter in line unless that is `own`, the set's own
+    /// place (it keeps no key, and must not wake itself round after round).
+    /// On one server or a cluster the value a set's waiter first in line
+    /// takes carries no wake mark, so the release wakes nobody then.
+    fn give_back<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        own: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        let _ = own;
+        Box::pin(async move {
+            self.release(Kind::Exclusive, keys, token, 0).await?;
+            Ok(())
+        })
+    }
+
     /// A waiter gives up its place in the queue.
     fn leave<'a>(
         &'a self,

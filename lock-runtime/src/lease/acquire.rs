@@ -469,6 +469,41 @@ impl Acquisition<'_> {
         }
     }
 
+    /// One attempt of a set's waiter taking its keys one by one while it
+    /// stands in every key's line (`set_by_key.rs`): `member` is its place
+    /// in this key's line (it ends in `*`), `token` this round's own. A key
+    /// taken comes as a hold without a guard yet (the set may give it back).
+    pub(crate) async fn attempt_in_line(
+        &self,
+        token: &str,
+        member: &str,
+        respect: Respect,
+        place: &WaitPlace,
+    ) -> Result<InLine, LockError> {
+        let mut unknown = Unknown::new(self, token);
+        match self
+            .attempt(&mut unknown, member, true, respect, Some(place))
+            .await?
+        {
+            Attempt::Acquired(fence, found, holds) => {
+                let taken = unknown.settle(found, fence);
+                let value = holds.unwrap_or_else(|| token.to_owned());
+                Ok(InLine::Taken(Hold::new(Acquired {
+                    linger: taken.stalled,
+                    expires_by: taken.expires_by,
+                    ..self.acquired(value, taken.sent_at, taken.fence)
+                })))
+            }
+            Attempt::Busy(expires_in) => Ok(InLine::Busy(expires_in)),
+        }
+    }
+
+    /// The guard of a hold [`attempt_in_line`](Self::attempt_in_line) took.
+    pub(crate) fn guard_of(&self, hold: Arc<Hold>) -> LockGuard {
+        tracing::debug!(lock = %self.name, fencing_token = ?hold.fencing_token, "acquired");
+        self.guard_for(hold)
+    }
+
     pub(crate) fn guard(&self, token: String, taken: TakenAt) -> LockGuard {
         self.guard_with(self.keys.clone(), token, taken)
     }
@@ -608,6 +643,15 @@ pub(crate) struct TakenAt {
     pub(crate) expires_by: Option<Instant>,
     pub(crate) fence: Option<u64>,
     pub(crate) stalled: bool,
+}
+
+/// What [`Acquisition::attempt_in_line`] found.
+pub(crate) enum InLine {
+    /// The key, taken with the round's token.
+    Taken(Arc<Hold>),
+    /// Held by another holder (its key expiring after this long, when
+    /// known), or free with another waiter first.
+    Busy(Option<Duration>),
 }
 
 /// What [`Acquisition::first_attempt`] took.

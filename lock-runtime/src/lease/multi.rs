@@ -5,10 +5,11 @@
 //!   node; one slot of a cluster), `acquire_all.lua` takes all or none, and
 //!   a waiter stands in every key's queue, woken by the release of any.
 //! - **One by one** (keys across cluster slots, a quorum, acknowledged
-//!   mode): a try of each key in the set's order; on a busy key, what was
-//!   taken is given back and the waiter waits for that key alone, holding
-//!   nothing, then tries the others again. Nobody ever waits while holding
-//!   part of a set, so no cycle of waiters can form.
+//!   mode; `set_by_key.rs`): a try of each key in the set's order; on a
+//!   busy key, what was taken is given back and the waiter stands in the
+//!   line of every key, holding nothing, trying them all at each wake-up.
+//!   Nobody ever waits while holding part of a set, so no cycle of waiters
+//!   can form.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ use crate::lease::acquire::{
 use crate::lease::guard::LockGuard;
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::release::spawn_release;
+use crate::lease::set_by_key::raise_fences;
 use crate::lease::watch::Entry;
 use crate::lease::Core;
 use crate::token::new_token;
@@ -96,11 +98,11 @@ impl SetAcquisition<'_> {
         Ok(guards)
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.wait.and_then(|wait| self.started.checked_add(wait))
     }
 
-    fn wait_timeout(&self, name: &str) -> LockError {
+    pub(super) fn wait_timeout(&self, name: &str) -> LockError {
         LockError::WaitTimeout {
             name: name.to_owned(),
             waited: self.started.elapsed(),
@@ -232,116 +234,6 @@ impl SetAcquisition<'_> {
             wait_for(notified, pause).await;
         }
     }
-
-    /// Key by key, never waiting while holding any: a try of each in the
-    /// set's order; on a busy one, what was taken is given back, and the
-    /// next round first waits for that key alone (in its queue, woken by
-    /// its release), then tries the others.
-    async fn one_by_one(&self, members: &[&Acquisition<'_>]) -> Result<Vec<LockGuard>, LockError> {
-        let deadline = self.deadline();
-        let mut wait_first: Option<usize> = None;
-        loop {
-            let mut taken: Vec<Option<LockGuard>> = members.iter().map(|_| None).collect();
-            if let Some(index) = wait_first {
-                let member = members[index];
-                let left = deadline.map_or(Duration::MAX, |deadline| {
-                    deadline.saturating_duration_since(Instant::now())
-                });
-                match member
-                    .waiting(left, Instant::now(), member.respects_queue())
-                    .await
-                {
-                    Ok(guard) => taken[index] = Some(guard),
-                    Err(LockError::WaitTimeout { name, .. }) => {
-                        return Err(self.wait_timeout(&name))
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
-            let mut busy = None;
-            // A key whose servers did not answer this round: at the end of
-            // the wait its error is the outcome, not `WaitTimeout` (nobody
-            // can tell whether the key stayed held, design §13).
-            let mut unanswered = None;
-            for (index, member) in members.iter().enumerate() {
-                if taken[index].is_some() {
-                    continue;
-                }
-                match member.once().await {
-                    Ok(guard) => taken[index] = Some(guard),
-                    Err(LockError::Busy { .. }) => {
-                        busy = Some(index);
-                        break;
-                    }
-                    Err(error @ LockError::Redis { .. })
-                        if self.wait.is_some()
-                            && matches!(&error, LockError::Redis { source, .. } if retryable(source)) =>
-                    {
-                        busy = Some(index);
-                        unanswered = Some(error);
-                        break;
-                    }
-                    Err(error) => {
-                        give_back(taken).await;
-                        return Err(error);
-                    }
-                }
-            }
-            let Some(index) = busy else {
-                let guards: Vec<LockGuard> = taken.into_iter().flatten().collect();
-                if members[0].settings.fencing {
-                    raise_fences(members[0], &guards).await?;
-                }
-                return Ok(guards);
-            };
-            give_back(taken).await;
-            let name = members[index].name;
-            if self.wait.is_none() {
-                return Err(LockError::Busy {
-                    name: name.to_owned(),
-                });
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Err(unanswered.unwrap_or_else(|| self.wait_timeout(name)));
-            }
-            wait_first = Some(index);
-        }
-    }
-}
-
-/// Releases what a round of [`SetAcquisition::one_by_one`] took (a
-/// cancelled give-back goes on in the background: each guard's drop).
-async fn give_back(taken: Vec<Option<LockGuard>>) {
-    join_all(taken.into_iter().flatten().map(LockGuard::release)).await;
-}
-
-/// One fencing token for a set whose keys got a token each (taken key by
-/// key, or held by outer locks): the largest of them, written to the fence
-/// of every key whose token is smaller (`fence_raise.lua`) so that every
-/// later token of each key is larger, and reported by every hold.
-async fn raise_fences(first: &Acquisition<'_>, guards: &[LockGuard]) -> Result<(), LockError> {
-    let Some(token) = guards
-        .iter()
-        .filter_map(|guard| guard.fencing_token())
-        .max()
-    else {
-        return Ok(());
-    };
-    let retention_ms = fence_retention_ms(first.ttl_ms);
-    let backend = first.core.backend();
-    let behind = guards
-        .iter()
-        .filter(|guard| guard.fencing_token().is_some_and(|own| own < token));
-    let raised = join_all(behind.map(|guard| {
-        let keys = &guard.hold().keys;
-        backend.fence_at_least(keys, token, retention_ms)
-    }))
-    .await;
-    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
-    for guard in guards {
-        guard.hold().raise_fence(token);
-    }
-    Ok(())
 }
 
 /// The attempts of a set taken together whose outcome is unknown (see

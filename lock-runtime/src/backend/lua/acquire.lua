@@ -14,7 +14,9 @@
 --         lock; 1, `fair`: only when the first live waiter that is not a
 --         set's is the caller, or there is none; 2, the releaser's next
 --         attempt: only when the queue is empty or the caller is first in
---         it), ARGV[7] member (the caller's entry), ARGV[8] mine (1: an earlier
+--         it), ARGV[7] member (the caller's entry; a set's waiter's ends in
+--         `*`, and keeps its place when it takes the lock: lease/multi.rs
+--         takes a set key by key and leaves once it has all), ARGV[8] mine (1: an earlier
 --         attempt with this token got no answer; if the lock holds the token,
 --         say so)
 -- Replies {1, fence or 0} acquired; {1, fence or 0, pttl} found already
@@ -39,6 +41,18 @@ local function now_ms()
   end
   return math.floor(now_us / 1000)
 end
+local set = string.sub(ARGV[7], -1) == '*'
+local joins = ARGV[5] == '1'
+if set and joins then
+  -- A set's waiter stands in line whether it takes the lock or not (the
+  -- same join as below, first).
+  joins = false
+  if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[7])
+  end
+  redis.call('PEXPIRE', KEYS[3], timeout * 2)
+  redis.call('PEXPIRE', KEYS[4], timeout * 2)
+end
 local head = prune(3, 4, ARGV[7], now_ms)
 local may = ARGV[6] == '0' or not head or head == ARGV[7]
 if not may and ARGV[6] == '1' and string.sub(head, -1) == '*' then
@@ -58,12 +72,17 @@ if not may and ARGV[6] == '1' and string.sub(head, -1) == '*' then
 end
 if may then
   -- the waiter to wake after this holder: the first in line other than it
+  -- (none for a set's waiter first in line: it keeps its place, and a
+  -- give-back of a key it cannot use yet wakes nobody)
   local after = head
-  if head == ARGV[7] then after = redis.call('LINDEX', KEYS[3], '1') end
+  if head == ARGV[7] then
+    after = false
+    if not set then after = redis.call('LINDEX', KEYS[3], '1') end
+  end
   local value = ARGV[1]
   if after then value = ARGV[1] .. '|' .. after end
   if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-    if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
+    if head and not set and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
       redis.call('LREM', KEYS[3], '1', ARGV[7])
     end
     if ARGV[3] == '0' then return {1, 0} end
@@ -75,7 +94,7 @@ if may then
     return {1, fence}
   end
 end
-if ARGV[5] == '1' then
+if joins then
   if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[7])
   end

@@ -276,7 +276,11 @@ impl QuorumBackend {
                     self.nodes.failed(node, "lock acquisition");
                 }
             }
-            self.leave_line(&ballot);
+            // A set's waiter (its entry ends in `*`) stays in line until it
+            // holds every key of the set (`lease/set_by_key.rs` leaves then).
+            if !ballot.member.ends_with('*') {
+                self.leave_line(&ballot);
+            }
             let fence = said
                 .iter()
                 .filter_map(|said| match said {
