@@ -450,17 +450,22 @@ impl Acquisition<'_> {
                 );
                 continue;
             }
-            // A holder that just handed over lets its waiter go first only
-            // until its own first wait.
-            respect = fair;
             // Woken by the release that makes this waiter first in line;
             // never asleep past the holder's expiry (a holder that died is
             // taken over as soon as its key is gone), past the refresh of
-            // its place in the queue, or past the wait.
+            // its place in the queue, or past the wait. A holder that just
+            // handed over and found the lock free with the woken waiter
+            // first is told when that waiter releases (it stands next); if
+            // the waiter is a set that cannot use the key yet, the key
+            // stays free for it until the refresh (design §16).
             let mut pause = match expires_in {
                 Some(expires_in) => expires_in.saturating_add(Duration::from_millis(1)),
+                None if respect == Respect::Everyone => QUEUE_REFRESH,
                 None => FALLBACK_PAUSE,
             };
+            // A holder that just handed over lets its waiter go first only
+            // until its own first wait.
+            respect = fair;
             pause = pause.min(QUEUE_REFRESH);
             if let Some(deadline) = deadline {
                 pause = pause.min(deadline - now);

@@ -63,12 +63,16 @@ impl SetAcquisition<'_> {
         {
             return Err(unanswered.unwrap_or_else(|| self.wait_timeout(name)));
         }
-        self.in_line(members).await
+        self.in_line(members, index).await
     }
 
     /// Rounds of attempts on every key at once, standing in every key's
     /// line between them, until the set is taken or the wait is over.
-    async fn in_line(&self, members: &[&Acquisition<'_>]) -> Result<Vec<LockGuard>, LockError> {
+    async fn in_line(
+        &self,
+        members: &[&Acquisition<'_>],
+        busy: usize,
+    ) -> Result<Vec<LockGuard>, LockError> {
         let first = members[0];
         let core = &first.core;
         let notifier = core.notifier();
@@ -105,10 +109,19 @@ impl SetAcquisition<'_> {
             first.fair()
         };
         let mut error_pause = FIRST_ERROR_PAUSE;
+        // The key found busy last: tried first, and while it stays busy the
+        // others are not taken for nothing, but for the refresh of the
+        // set's places in their lines.
+        let mut start = busy;
+        let mut refreshed: Option<Instant> = None;
         loop {
             let notified = any_notified(&lines);
             share_ticket(&lines);
-            let mut round = Round::of(members, &lines, respect).await?;
+            let refresh = refreshed.is_none_or(|at| at.elapsed() >= PLACE_REFRESH);
+            let mut round = Round::of(members, &lines, respect, start, refresh).await?;
+            if round.every_key {
+                refreshed = Some(Instant::now());
+            }
             if round.taken.len() == members.len() {
                 let guards = round
                     .taken
@@ -119,6 +132,7 @@ impl SetAcquisition<'_> {
             }
             round.give_back(&lines).await;
             let index = round.busy;
+            start = index;
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 let name = members[index].name;
@@ -166,11 +180,18 @@ struct Line {
     ticket: WaitPlace,
 }
 
-/// One round: an attempt on every key at once.
+/// How often a round tries every key even while the key found busy last
+/// stays busy: the set's place in a line lapses after the waiter timeout
+/// (2 s) without an attempt.
+const PLACE_REFRESH: Duration = Duration::from_secs(1);
+
+/// One round: an attempt on each key in turn, from the key found busy last.
 struct Round {
     taken: Vec<Taken>,
-    /// The first key not taken.
+    /// The first key found not taken (`usize::MAX`: none yet).
     busy: usize,
+    /// Every key was tried (the set's places in every line refreshed).
+    every_key: bool,
     /// A key whose servers did not answer.
     unanswered: Option<LockError>,
     /// How long to sleep without news: the shortest of the busy keys'.
@@ -178,33 +199,46 @@ struct Round {
 }
 
 impl Round {
+    /// Tries the keys from `start` on, stopping at the first one not taken
+    /// unless `refresh` asks for every key.
     async fn of(
         members: &[&Acquisition<'_>],
         lines: &[Line],
         respect: Respect,
+        start: usize,
+        refresh: bool,
     ) -> Result<Round, LockError> {
-        let attempts = join_all(members.iter().zip(lines).map(|(member, line)| async move {
-            let token = new_token(member.core.client_id())?;
-            member
-                .attempt_in_line(&token, &line.place, respect, &line.ticket)
-                .await
-        }))
-        .await;
         let mut round = Round {
             taken: Vec::new(),
-            busy: members.len(),
+            busy: usize::MAX,
+            every_key: true,
             unanswered: None,
             pause: QUEUE_REFRESH,
         };
         let mut failed = None;
-        for (index, attempt) in attempts.into_iter().enumerate() {
+        let order =
+            std::iter::once(start).chain((0..members.len()).filter(|&index| index != start));
+        for index in order {
+            if (round.busy != usize::MAX || failed.is_some()) && !refresh {
+                round.every_key = false;
+                break;
+            }
+            let (member, line) = (members[index], &lines[index]);
+            let attempt = match new_token(member.core.client_id()) {
+                Ok(token) => {
+                    member
+                        .attempt_in_line(&token, &line.place, respect, &line.ticket)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
             match attempt {
                 Ok(InLine::Taken(hold)) => round.taken.push(Taken {
                     index,
                     hold: Some(hold),
                 }),
                 Ok(InLine::Busy(expires_in)) => {
-                    round.busy = round.busy.min(index);
+                    round.busy_at(index);
                     let pause = expires_in.map_or(FALLBACK_PAUSE, |expires_in| {
                         expires_in.saturating_add(Duration::from_millis(1))
                     });
@@ -212,7 +246,7 @@ impl Round {
                 }
                 Err(error @ LockError::Redis { .. }) if matches!(&error, LockError::Redis { source, .. } if retryable(source)) =>
                 {
-                    round.busy = round.busy.min(index);
+                    round.busy_at(index);
                     round.unanswered = Some(error);
                 }
                 Err(error) => failed = failed.or(Some(error)),
@@ -222,6 +256,13 @@ impl Round {
             // What was taken is released by its drop, in the background.
             Some(error) => Err(error),
             None => Ok(round),
+        }
+    }
+
+    /// The first key found busy (or unanswered) in this round's order.
+    fn busy_at(&mut self, index: usize) {
+        if self.busy == usize::MAX {
+            self.busy = index;
         }
     }
 
