@@ -564,12 +564,13 @@ async fn the_releaser_lets_a_waiting_set_go_first() {
     );
     // Three tasks of one client pass x among themselves in the process (a
     // cohort): at most 4 passes in a row while the set waits in Redis, then
-    // a release through Redis wakes it (§4); with the two sections above, 6.
+    // a release through Redis wakes it (§4); with the two sections above and
+    // the cohort's representative, which may be queued ahead of it, 7.
     redis(&server, &["FLUSHALL"]);
     let worst = sections_ahead_of_a_set(&server, 1, 3).await;
     println!("three tasks: at most {worst} sections ahead of the set");
     assert!(
-        worst <= 6,
+        worst <= 7,
         "{worst} single-key sections ran ahead of the set"
     );
 }
