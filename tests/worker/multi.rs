@@ -91,13 +91,21 @@ async fn rounds_of(rounds: u32, names: &[String]) -> (u32, u32, Duration, Option
 /// process's own, taken and released.
 async fn warm() {
     let own = format!("warm:{}", std::process::id());
-    Lock::all([format!("{own}:a"), format!("{own}:b")])
-        .try_acquire()
-        .await
-        .expect("warm: a free set")
-        .release()
-        .await
-        .expect("warm: release");
+    let set = Lock::all([format!("{own}:a"), format!("{own}:b")]);
+    // A fresh client on a loaded machine may miss its first majority over
+    // a quorum (its connections still opening): tried again for a while
+    // (`Busy` while the failed attempt's grant on a node is given back).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let guard = loop {
+        match set.try_acquire().await {
+            Ok(guard) => break guard,
+            Err(LockError::Redis { .. } | LockError::Busy { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("warm: a free set: {error:?}"),
+        }
+    };
+    guard.release().await.expect("warm: release");
 }
 
 #[distributed_lock(key = ["account:<from>", "account:<to>"], ttl = "10s", wait = "60s")]
