@@ -150,16 +150,16 @@ async fn a_waiter_is_woken_by_the_release_of_any_of_its_keys() {
 async fn renewal_renews_the_set_together_and_a_lost_key_stops_the_body() {
     let server = RedisServer::start();
     let client = client(&server);
-    // A 1 s ttl (renewed about every 330 ms): a loaded machine may stall
-    // this process for a few hundred ms, which a 300 ms ttl did not survive.
+    // A 3 s ttl, renewed about every second: on a loaded machine a renewal
+    // may take longer than a 300 ms (or 1 s) ttl allows.
     let set = Lock::all(["r1", "r2", "r3"])
-        .ttl(Duration::from_secs(1))
+        .ttl(Duration::from_secs(3))
         .renew()
         .client(client.clone());
     let before = client.renewal_stats();
     let output = set
         .run(async {
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
             7
         })
         .await
