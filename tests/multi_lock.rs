@@ -150,14 +150,16 @@ async fn a_waiter_is_woken_by_the_release_of_any_of_its_keys() {
 async fn renewal_renews_the_set_together_and_a_lost_key_stops_the_body() {
     let server = RedisServer::start();
     let client = client(&server);
+    // A 3 s ttl, renewed about every second: on a loaded machine a renewal
+    // may take longer than a 300 ms (or 1 s) ttl allows.
     let set = Lock::all(["r1", "r2", "r3"])
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(3))
         .renew()
         .client(client.clone());
     let before = client.renewal_stats();
     let output = set
         .run(async {
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
             7
         })
         .await
@@ -169,7 +171,7 @@ async fn renewal_renews_the_set_together_and_a_lost_key_stops_the_body() {
         after.round_trips - before.round_trips,
     );
     // Every round trip renewed the three keys together.
-    assert!(trips >= 3, "{trips} round trips");
+    assert!(trips >= 2, "{trips} round trips");
     assert_eq!(sent, 3 * trips, "{sent} renewals in {trips} round trips");
 
     // A key of the set deleted: the body is stopped, and the error names it.
@@ -343,7 +345,21 @@ async fn a_dropped_acquisition_leaves_nothing_behind() {
     let slow = set
         .clone()
         .client(Client::new(Config::new(proxy.url())).unwrap());
-    slow.try_acquire().await.unwrap().release().await.unwrap();
+    // Its connection opened first: on a loaded machine a fresh client's
+    // first call may run out its 2 s (then its attempt is released in the
+    // background, and the set is busy until it is).
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    loop {
+        match slow.try_acquire().await {
+            Ok(guard) => break guard.release().await.unwrap(),
+            Err(LockError::Redis { .. } | LockError::Busy { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("{error:?}"),
+        }
+    }
     proxy.set_latency(Duration::from_millis(300));
     {
         let mut acquiring = Box::pin(slow.acquire());
@@ -474,25 +490,27 @@ fn transfers_from_several_processes_keep_the_total() {
     assert_eq!(total, 1000 * accounts);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
+/// The most sections of single-key lockers of x that ran between a set
+/// [x, y] asking and getting the set, over ten asks: `clients` clients of
+/// `tasks` tasks each take x in turn as fast as they can (2 ms sections),
+/// each asking again as soon as it released, so x is never free for long
+/// and always wanted by a queued waiter.
+async fn sections_ahead_of_a_set(server: &RedisServer, clients: usize, tasks: usize) -> u64 {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
 
-    let server = RedisServer::start();
     let sections = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    // Three clients (three processes, as far as Redis can tell) take x in
-    // turn, each asking again as soon as it released: x is never free for
-    // long, and always wanted by a queued waiter.
-    let stream: Vec<_> = (0..3)
-        .map(|_| {
+    let mut stream = Vec::new();
+    for _ in 0..clients {
+        let client = client(server);
+        for _ in 0..tasks {
             let lock = Lock::new("x")
                 .ttl(Duration::from_secs(10))
                 .wait(Duration::from_secs(30))
-                .client(client(&server));
+                .client(client.clone());
             let (sections, stop) = (Arc::clone(&sections), Arc::clone(&stop));
-            tokio::spawn(async move {
+            stream.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let guard = lock.acquire().await.unwrap();
                     // The section's work.
@@ -500,9 +518,9 @@ async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
                     sections.fetch_add(1, Ordering::Relaxed);
                     guard.release().await.unwrap();
                 }
-            })
-        })
-        .collect();
+            }));
+        }
+    }
     wait_until_async("the stream is running", LINE_TIMEOUT, || {
         sections.load(Ordering::Relaxed) >= 30
     })
@@ -510,7 +528,10 @@ async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
     let set = Lock::all(["x", "y"])
         .ttl(Duration::from_secs(10))
         .wait(Duration::from_secs(20))
-        .client(client(&server));
+        .client(client(server));
+    // A first ask opens the set's subscription (a release it misses while
+    // it subscribes is one more section): not counted.
+    set.acquire().await.unwrap().release().await.unwrap();
     let mut worst = 0;
     for _ in 0..10 {
         let before = sections.load(Ordering::Relaxed);
@@ -529,10 +550,46 @@ async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
     for task in stream {
         task.await.unwrap();
     }
-    // Woken by the release that makes it first in x's line, it gets x
-    // within a few sections, however long the stream goes on.
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_single_key_lockers_does_not_starve_a_set() {
+    let server = RedisServer::start();
+    // Three clients: woken by the release that makes it first in x's line,
+    // the set gets x after the sections of the waiters queued ahead of it
+    // (at most the three of them: the one whose section was ending as the
+    // set asked may queue again first) and the one under way (design §16).
+    let worst = sections_ahead_of_a_set(&server, 3, 1).await;
+    println!("three clients: at most {worst} sections ahead of the set");
     assert!(
-        worst <= 12,
+        worst <= 4,
+        "{worst} single-key sections ran ahead of the set"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_releaser_lets_a_waiting_set_go_first() {
+    let server = RedisServer::start();
+    // One client taking x in a loop: its release wakes the set, and its next
+    // attempt lets it go first (design §4), as it does a single waiter. At
+    // most the section ending as the set asked and one begun before the
+    // set's place marked x ran ahead of it (design §16).
+    let worst = sections_ahead_of_a_set(&server, 1, 1).await;
+    println!("one task: at most {worst} sections ahead of the set");
+    assert!(
+        worst <= 2,
+        "{worst} single-key sections ran ahead of the set"
+    );
+    // Three tasks of one client pass x among themselves in the process (a
+    // cohort): at most 4 passes in a row while the set waits in Redis, then
+    // a release through Redis wakes it (§4); with the two sections above and
+    // the cohort's representative, which may be queued ahead of it, 7.
+    redis(&server, &["FLUSHALL"]);
+    let worst = sections_ahead_of_a_set(&server, 1, 3).await;
+    println!("three tasks: at most {worst} sections ahead of the set");
+    assert!(
+        worst <= 7,
         "{worst} single-key sections ran ahead of the set"
     );
 }
@@ -610,4 +667,93 @@ async fn a_set_waiting_in_a_queue_keeps_no_key_from_a_fair_locker() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_fair_set_does_not_pass_a_single_waiter_queued_behind_another_set() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    // x is free; in its queue another set's waiter, then a single-key
+    // waiter W, both live: the state two waiters leave when neither has
+    // tried since x was released (W's process stopped, say).
+    let now_ms: u64 = {
+        let time = redis(&server, &["TIME"]);
+        let seconds: u64 = time.split("\r\n").nth(2).unwrap().parse().unwrap();
+        seconds * 1000
+    };
+    let deadline = (now_ms + 60_000).to_string();
+    for entry in [
+        "lock-waiters:other|set-token*",
+        "lock-waiters:other|w-token",
+    ] {
+        redis(&server, &["RPUSH", "lock:{x}:queue", entry]);
+        redis(&server, &["ZADD", "lock:{x}:waiters", &deadline, entry]);
+    }
+    // A fair single lock lets W go first (a set's place keeps no key).
+    let single = Lock::new("x").fair().client(client.clone());
+    assert!(matches!(
+        single.try_acquire().await.unwrap_err(),
+        LockError::Busy { .. }
+    ));
+    // So does a fair set: W is the first single-key waiter in x's queue.
+    let set = Lock::all(["x", "y"]).fair().client(client.clone());
+    assert!(matches!(
+        set.try_acquire().await.unwrap_err(),
+        LockError::Busy { name } if name == "x"
+    ));
+    assert!(!exists(&server, "lock:{x}") && !exists(&server, "lock:{y}"));
+    // Once W is gone, the fair set passes the other set's place.
+    redis(
+        &server,
+        &["LREM", "lock:{x}:queue", "0", "lock-waiters:other|w-token"],
+    );
+    set.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_set_held_by_outer_locks_gets_a_token_above_each_keys_and_raises_it() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let fenced = |name: &str| Lock::new(name).fencing().client(client.clone());
+    // y's tokens far ahead of x's (another primary's clock, a fence raised
+    // by an earlier set, a quorum's maximum).
+    redis(
+        &server,
+        &["SET", "lock:{hy}:fence", "9000000000000000", "PX", "60000"],
+    );
+    let set = Lock::all(["hx", "hy"]).fencing().client(client.clone());
+    let (x_token, set_token, x_after) = fenced("hx")
+        .run(async {
+            let x_token = lock_runtime::current().unwrap().fencing_token().unwrap();
+            let set_token = fenced("hy")
+                .run(async {
+                    let guard = set.try_acquire().await.unwrap();
+                    assert!(guard.is_reentrant());
+                    let set_token = guard.fencing_token().unwrap();
+                    assert!(guard
+                        .locks()
+                        .all(|lock| lock.fencing_token() == Some(set_token)));
+                    guard.release().await.unwrap();
+                    set_token
+                })
+                .await
+                .unwrap();
+            // The outer x's holder writes with the set's token from now on.
+            let x_after = lock_runtime::current().unwrap().fencing_token().unwrap();
+            (x_token, set_token, x_after)
+        })
+        .await
+        .unwrap();
+    assert!(set_token > 9_000_000_000_000_000, "{set_token}");
+    assert!(x_token < set_token && x_after == set_token);
+    // The next token of each key is larger than the set's, x's too.
+    for name in ["hx", "hy"] {
+        let guard = fenced(name).try_acquire().await.unwrap();
+        let next = guard.fencing_token().unwrap();
+        assert!(
+            next > set_token,
+            "{name}: {next} after the set's {set_token}"
+        );
+        guard.release().await.unwrap();
+    }
 }

@@ -104,11 +104,13 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
     // Renewed, the set's keys go to their primary in one round trip each
     // tick.
     let before = client.renewal_stats();
+    // A 3 s ttl, renewed about every second: on a loaded machine a renewal
+    // may take longer than a 300 ms (or 1 s) ttl allows.
     Lock::all(["{bank}:r1", "{bank}:r2", "{bank}:r3"])
-        .ttl(Duration::from_millis(300))
+        .ttl(Duration::from_secs(3))
         .renew()
         .client(client.clone())
-        .run(tokio::time::sleep(Duration::from_millis(1_200)))
+        .run(tokio::time::sleep(Duration::from_millis(3_500)))
         .await
         .unwrap();
     let after = client.renewal_stats();
@@ -158,8 +160,17 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
         cluster.command(primary, &["EXISTS", &queue]).unwrap() == ":1\r\n"
     })
     .await;
-    // Waiting for y, it holds nothing.
-    assert_eq!(get_on(&cluster, &format!("lock:{{{x}}}")), None);
+    // Waiting for y, it keeps nothing from anyone (it takes x only for the
+    // moment of a round that finds y busy): another locker of x gets it.
+    Lock::new(x.clone())
+        .wait(Duration::from_secs(5))
+        .client(client.clone())
+        .acquire()
+        .await
+        .expect("a waiting set keeps no key")
+        .release()
+        .await
+        .unwrap();
     held.release().await.unwrap();
     let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
         .await
@@ -185,7 +196,8 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_takes_a_set_key_by_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let client = ready_quorum_client(&nodes).await;
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
     let set = Lock::all(["qb", "qa"])
         .fencing()
         .wait(Duration::from_secs(20))
@@ -251,6 +263,8 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
             .response_timeout(Duration::from_secs(1)),
     )
     .unwrap();
+    // A fresh client on a loaded machine may miss its first majority.
+    open_connections(&client, &nodes).await;
     let set = Lock::all(["sa", "sb"])
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(30))
@@ -290,12 +304,23 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     .await;
     acquiring.abort();
     let _ = acquiring.await;
-    wait_until_async("the set left sb's line", LINE_TIMEOUT, || {
-        in_line(&nodes) == 0
+    // It stood in sa's line too (a set waits in every key's line): it left
+    // both.
+    let in_any_line = |nodes: &[RedisServer]| {
+        nodes.iter().any(|node| {
+            ["lock:{sa}:tickets", "lock:{sb}:tickets"]
+                .iter()
+                .any(|key| value(&redis(node, &["EXISTS", key])).as_deref() == Some("1"))
+        })
+    };
+    wait_until_async("the set left every line", LINE_TIMEOUT, || {
+        in_line(&nodes) == 0 && !in_any_line(&nodes)
     })
     .await;
     held_b.release().await.unwrap();
-    assert!(free(&nodes));
+    // A key a round took when it was dropped (sa, free) is released in the
+    // background, as is the last node's part of sb's release.
+    wait_until_async("nothing of the set is left", LINE_TIMEOUT, || free(&nodes)).await;
 
     // Dropped mid-attempt: two nodes stall, so the attempt on `sa` (which
     // the third node granted) waits for a majority; dropped then, and the
@@ -332,4 +357,214 @@ async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     .await;
     // And the set is free for the next taker.
     set.try_acquire().await.unwrap().release().await.unwrap();
+}
+
+/// What `lock` (a single lock or a set) says while its servers cannot
+/// answer: the call's outcome, as a string for the assertion's message.
+async fn outcome<T: std::fmt::Debug>(
+    acquiring: impl std::future::Future<Output = Result<T, LockError>>,
+) -> LockError {
+    acquiring.await.expect_err("no server answers")
+}
+
+fn is_redis_error(error: &LockError) -> bool {
+    matches!(error, LockError::Redis { .. }) && !error.is_busy()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_reports_servers_that_do_not_answer_as_a_redis_error() {
+    // Acknowledged mode takes a set key by key, as a cluster across slots
+    // and a quorum do.
+    let (mut primary, _replica) = primary_with_replica();
+    let client = Client::new(
+        Config::new(primary.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1))
+            .acknowledged(1, Duration::from_millis(500)),
+    )
+    .unwrap();
+    let wait = Duration::from_secs(1);
+    let single = Lock::new("dead:a").wait(wait).client(client.clone());
+    let set = Lock::all(["dead:a", "dead:b"])
+        .wait(wait)
+        .client(client.clone());
+    // The connection is open and the set works.
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    loop {
+        match set.acquire().await {
+            Ok(guard) => break guard.release().await.unwrap(),
+            Err(LockError::NotReplicated { .. }) if std::time::Instant::now() < deadline => {}
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    // Stopped, then killed: a single lock and the set both say the server
+    // did not answer, neither that the lock stayed held.
+    signal(&primary, "-STOP");
+    let single_error = outcome(single.acquire()).await;
+    let set_error = outcome(set.acquire()).await;
+    signal(&primary, "-CONT");
+    assert!(is_redis_error(&single_error), "{single_error:?}");
+    assert!(is_redis_error(&set_error), "stopped: {set_error:?}");
+    primary.kill();
+    let single_error = outcome(single.acquire()).await;
+    let set_error = outcome(set.acquire()).await;
+    assert!(is_redis_error(&single_error), "{single_error:?}");
+    assert!(is_redis_error(&set_error), "killed: {set_error:?}");
+
+    // A quorum with two of three nodes stopped: no majority answers.
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
+    let set = Lock::all(["dead:a", "dead:b"])
+        .wait(wait)
+        .client(client.clone());
+    set.acquire().await.unwrap().release().await.unwrap();
+    signal(&nodes[1], "-STOP");
+    signal(&nodes[2], "-STOP");
+    let set_error = outcome(set.acquire()).await;
+    signal(&nodes[1], "-CONT");
+    signal(&nodes[2], "-CONT");
+    assert!(is_redis_error(&set_error), "quorum: {set_error:?}");
+}
+
+/// What a set [x, y] with a 3 s wait saw over ten asks on `url` while two
+/// processes per key take the key alone again and again (2 ms sections):
+/// how many asks ran out, the most single-key sections that ran between its
+/// asking and its getting the set, and its longest wait.
+async fn beside_single_key_lockers(
+    url: &str,
+    client: Client,
+    x: &str,
+    y: &str,
+) -> (u32, u64, Duration) {
+    let bookkeeping = RedisServer::start();
+    let mut workers: Vec<Process> = [x, x, y, y]
+        .iter()
+        .map(|key| {
+            Process::spawn_with_env(
+                env!("CARGO_BIN_EXE_lock-worker"),
+                &["stream", key],
+                Some(url),
+                &[("BOOKKEEPING_URL", &bookkeeping.url())],
+            )
+        })
+        .collect();
+    for worker in &mut workers {
+        assert_eq!(worker.line(LINE_TIMEOUT), "ready");
+    }
+    let sections = || {
+        value(&redis(&bookkeeping, &["GET", "stream:sections"]))
+            .map_or(0u64, |count| count.parse().unwrap())
+    };
+    let set = Lock::all([x, y])
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(3))
+        .client(client);
+    // A first ask opens the set's connections and its subscriptions (on a
+    // cluster one per primary): not counted.
+    set.acquire().await.unwrap().release().await.unwrap();
+    let (mut timeouts, mut worst_ahead, mut worst_wait) = (0, 0, Duration::ZERO);
+    for _ in 0..10 {
+        let before = sections();
+        let asked = std::time::Instant::now();
+        match set.acquire().await {
+            Ok(guard) => {
+                worst_wait = worst_wait.max(asked.elapsed());
+                worst_ahead = worst_ahead.max(sections() - before);
+                guard.release().await.unwrap();
+            }
+            Err(LockError::WaitTimeout { .. }) => timeouts += 1,
+            Err(error) => panic!("{error:?}"),
+        }
+        // The stream goes on between the set's asks.
+        let now = sections();
+        wait_until_async("the stream goes on", LINE_TIMEOUT, || sections() >= now + 4).await;
+    }
+    for worker in &mut workers {
+        worker.send("stop");
+    }
+    for worker in &mut workers {
+        let line = worker.line(LINE_TIMEOUT);
+        assert!(line.ends_with("errors=0"), "{line}");
+    }
+    (timeouts, worst_ahead, worst_wait)
+}
+
+/// Over a quorum of three (issue 36: 30 of 30 asks ran out, the set's
+/// every round got a fresh place at the back of a line), and across a
+/// cluster's primaries: the set, standing in both keys' lines, is never
+/// starved (design §16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_key_lockers_do_not_starve_a_set_taken_key_by_key() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
+    let (timeouts, ahead, wait) =
+        beside_single_key_lockers(&quorum_url(&nodes), client, "qa", "qb").await;
+    println!("quorum: {timeouts} of 10 asks timed out; at most {ahead} sections ahead, {wait:?}");
+    assert_eq!(timeouts, 0, "the set was starved over a quorum");
+    assert!(ahead <= SECTIONS_AHEAD, "{ahead} sections ahead of the set");
+    drop(nodes);
+
+    let cluster = RedisCluster::start(3, 0);
+    let (x, y) = apart(&cluster);
+    let client = Client::new(Config::new(cluster_url(&cluster))).unwrap();
+    let (timeouts, ahead, wait) =
+        beside_single_key_lockers(&cluster_url(&cluster), client, &x, &y).await;
+    println!("cluster: {timeouts} of 10 asks timed out; at most {ahead} sections ahead, {wait:?}");
+    assert_eq!(timeouts, 0, "the set was starved across primaries");
+    assert!(ahead <= SECTIONS_AHEAD, "{ahead} sections ahead of the set");
+}
+
+/// The most single-key sections accepted ahead of the set: the waiters
+/// queued ahead of it when it stood in line (two per key, with the
+/// sections under way), and the rare timed retry that takes a key it gave
+/// back before its other key is free, more often on a loaded machine
+/// (design §16): measured 5-11, 28 once with load average 16; before,
+/// 118-185 across primaries, and over a quorum about 1,300 sections in each
+/// 3 s wait, which ran out.
+const SECTIONS_AHEAD: u64 = 40;
+
+/// A set standing in a quorum's lines keeps no key: the holder of qx taking
+/// qy (nested), while a set [qx, qy] waits for qx and stands first in qy's
+/// line, gets qy at once (waiting for the set's place would wait for a set
+/// that waits for qx: a cycle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_in_a_quorum_line_keeps_no_key() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    open_connections(&client, &nodes).await;
+    let held_x = Lock::new("kx")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let set = Lock::all(["kx", "ky"])
+        .wait(Duration::from_secs(30))
+        .client(client.clone());
+    let waiting = tokio::spawn(async move {
+        let guard = set.acquire().await?;
+        guard.release().await
+    });
+    // Standing in qy's line on every node (a set's place ends in `*`).
+    wait_until_async("the set stands in ky's line", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| redis(node, &["ZRANGE", "lock:{ky}:tickets", "0", "0"]).contains("*\r\n"))
+    })
+    .await;
+    let held_y = Lock::new("ky")
+        .wait(Duration::from_secs(5))
+        .client(client.clone())
+        .acquire()
+        .await
+        .expect("a set's place in line keeps no key");
+    held_y.release().await.unwrap();
+    held_x.release().await.unwrap();
+    tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
 }

@@ -108,7 +108,8 @@
 //! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
 //! is in acknowledged mode (N replicas).
 //!
-//! Several keys at once: `multi-rounds` and `transfer`, in `worker/multi.rs`.
+//! Several keys at once: `multi-rounds`, `transfer` and `stream`, in
+//! `worker/multi.rs`.
 
 use std::time::Duration;
 
@@ -205,6 +206,7 @@ async fn main() {
         ["transfer", accounts, rounds, seed] => {
             multi::transfers(parse(accounts), parse(rounds), parse(seed)).await
         }
+        ["stream", key] => multi::stream(key).await,
         _ => panic!("unknown worker mode: {args:?}"),
     }
 }

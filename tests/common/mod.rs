@@ -199,3 +199,26 @@ pub async fn open_connections(client: &lock_runtime::Client, up: &[RedisServer])
         .await;
     }
 }
+
+/// A primary and a replica of it, in sync (acknowledged mode needs one).
+pub fn primary_with_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start();
+    let replica_port = test_support::free_port().unwrap();
+    let replica = RedisServer::start_with(
+        replica_port,
+        &[
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port().to_string(),
+            // Load the primary's data from the socket, not through a
+            // dump.rdb written into the test's working directory.
+            "--repl-diskless-load".to_owned(),
+            "on-empty-db".to_owned(),
+        ],
+    )
+    .unwrap();
+    wait_until("the replica is in sync", LINE_TIMEOUT, || {
+        redis(&replica, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    (primary, replica)
+}

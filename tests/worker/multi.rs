@@ -14,6 +14,11 @@
 //!   `key = ["account:<from>", "account:<to>"]` (a non-atomic GET, GET,
 //!   SET, SET; `from == to` is one lock and moves nothing). Prints `done
 //!   transfers=N errors=E`.
+//! - `stream KEY`: a single-key locker beside sets: takes `Lock::new(KEY)`
+//!   (ttl 10 s, wait 10 s) again and again, each a 2 ms section that then
+//!   INCRs `stream:sections` on the bookkeeping server, asking again as
+//!   soon as it released. Prints `ready` after its first section, and
+//!   `done sections=N errors=E` once `stop` arrives on stdin.
 
 use std::time::{Duration, Instant};
 
@@ -86,13 +91,21 @@ async fn rounds_of(rounds: u32, names: &[String]) -> (u32, u32, Duration, Option
 /// process's own, taken and released.
 async fn warm() {
     let own = format!("warm:{}", std::process::id());
-    Lock::all([format!("{own}:a"), format!("{own}:b")])
-        .try_acquire()
-        .await
-        .expect("warm: a free set")
-        .release()
-        .await
-        .expect("warm: release");
+    let set = Lock::all([format!("{own}:a"), format!("{own}:b")]);
+    // A fresh client on a loaded machine may miss its first majority over
+    // a quorum (its connections still opening): tried again for a while
+    // (`Busy` while the failed attempt's grant on a node is given back).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let guard = loop {
+        match set.try_acquire().await {
+            Ok(guard) => break guard,
+            Err(LockError::Redis { .. } | LockError::Busy { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("warm: a free set: {error:?}"),
+        }
+    };
+    guard.release().await.expect("warm: release");
 }
 
 #[distributed_lock(key = ["account:<from>", "account:<to>"], ttl = "10s", wait = "60s")]
@@ -138,4 +151,38 @@ pub(crate) async fn transfers(accounts: u32, rounds: u32, seed: u64) {
         "done transfers={done} errors={errors}|{}",
         first.unwrap_or_default()
     ));
+}
+
+pub(crate) async fn stream(key: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut redis = bookkeeping().await;
+    let lock = Lock::new(key)
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(10));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let told = tokio::spawn(async move {
+        assert_eq!(next_line().await, "stop");
+        stopping.store(true, Ordering::Relaxed);
+    });
+    let (mut sections, mut errors) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        match lock.acquire().await {
+            Ok(guard) => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let _: i64 = redis.incr("stream:sections", 1).await.unwrap();
+                if guard.release().await.is_err() {
+                    errors += 1;
+                }
+                sections += 1;
+                if sections == 1 {
+                    say("ready");
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    told.await.unwrap();
+    say(&format!("done sections={sections} errors={errors}"));
 }

@@ -78,6 +78,34 @@ impl Kind {
     }
 }
 
+/// Whom queued ahead of it an attempt leaves a free lock to (the scripts'
+/// `respect` argument: 0, 1, 2). A set's waiter (its entry ends in `*`,
+/// `lease/multi.rs`) keeps no key from a `fair` locker, or a holder of one of
+/// its keys waiting for another would wait for it forever (design §16); the
+/// releaser's own next attempt lets every waiter go first (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Respect {
+    /// Nobody: a free lock is taken (default mode).
+    No = 0,
+    /// The first live waiter that is not a set's (`fair`).
+    Singles = 1,
+    /// The first live waiter of any kind: right after this client handed
+    /// the lock over, until its first wait (self-barging, design §4).
+    Everyone = 2,
+}
+
+impl Respect {
+    /// The scripts' argument.
+    pub(crate) fn arg(self) -> u8 {
+        self as u8
+    }
+
+    /// Whether it lets anyone go first.
+    pub(crate) fn any(self) -> bool {
+        self != Respect::No
+    }
+}
+
 /// One attempt to take a lock.
 #[derive(Clone, Copy)]
 pub(crate) struct AcquireRequest<'a> {
@@ -91,8 +119,8 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) member: &'a str,
     /// Join (or refresh a place in) the queue when the lock is busy.
     pub(crate) join: bool,
-    /// Take a free lock only when nobody queued is ahead of the caller.
-    pub(crate) respect: bool,
+    /// Whom queued ahead of the caller a free lock is left to.
+    pub(crate) respect: Respect,
     /// The lock is `fair`: `respect` on every attempt (else only right after
     /// this client handed the lock to a waiter).
     pub(crate) fair: bool,
@@ -177,8 +205,8 @@ pub(crate) struct AcquireAllRequest<'a> {
     pub(crate) member: &'a str,
     /// Join (or refresh a place in) every queue of the set when not taken.
     pub(crate) join: bool,
-    /// Take a free lock only when nobody queued is ahead of the caller.
-    pub(crate) respect: bool,
+    /// Whom queued ahead of the caller a free lock is left to.
+    pub(crate) respect: Respect,
     /// An earlier attempt with this token got no answer.
     pub(crate) mine: bool,
     pub(crate) waiter_timeout_ms: u64,
@@ -324,6 +352,25 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a str,
         keep_ms: u64,
     ) -> BoxFuture<'a, Result<Release, LockError>>;
+
+    /// Gives back a key a set's waiter took in a round that did not get the
+    /// whole set (`token`: the value it took it with): compare-and-delete,
+    /// waking the first waiter in line unless that is `own`, the set's own
+    /// place (it keeps no key, and must not wake itself round after round).
+    /// On one server or a cluster the value a set's waiter first in line
+    /// takes carries no wake mark, so the release wakes nobody then.
+    fn give_back<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        own: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        let _ = own;
+        Box::pin(async move {
+            self.release(Kind::Exclusive, keys, token, 0).await?;
+            Ok(())
+        })
+    }
 
     /// A waiter gives up its place in the queue.
     fn leave<'a>(

@@ -155,7 +155,7 @@ impl RedisBackend {
         // writer key; for a writer, its token there, checked against the
         // readers and the queue in the same round trip).
         let plain = !(request.join
-            || request.respect
+            || request.respect.any()
             || request.fence_retention_ms.is_some()
             || request.mine);
         // Every branch but the first is boxed: a future is as large as its
@@ -275,7 +275,7 @@ impl RedisBackend {
             .arg(retention_ms)
             .arg(request.waiter_timeout_ms)
             .arg(u8::from(request.join))
-            .arg(u8::from(request.respect))
+            .arg(request.respect.arg())
             .arg(request.member)
             .arg(u8::from(request.mine));
         let reply: Vec<i64> = run(&ACQUIRE, &cmd, connection, self.connection.scripts()).await?;
@@ -324,7 +324,7 @@ impl RedisBackend {
             .arg(retention_ms)
             .arg(request.waiter_timeout_ms)
             .arg(u8::from(request.join))
-            .arg(u8::from(request.respect))
+            .arg(request.respect.arg())
             .arg(request.member)
             .arg(u8::from(request.mine));
         let reply: Vec<i64> =

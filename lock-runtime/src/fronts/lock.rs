@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{retryable, Kind};
+use crate::backend::{retryable, Kind, Respect};
 use crate::client::{global_client, Client};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
@@ -343,7 +343,7 @@ impl Lock {
             name: self.name.clone(),
             waited: started.elapsed(),
         };
-        if !respect && !self.fencing && !in_cohort {
+        if !respect.any() && !self.fencing && !in_cohort {
             // A free lock costs a waiting acquire what it costs a try: one
             // plain `SET NX PX`, and no cohort. Only a busy lock (or a failed
             // connection) goes on to the cohort and the queue.
@@ -365,10 +365,14 @@ impl Lock {
         // After its cohort ended (maybe at the starvation bound, whose
         // release woke a waiter of another client), the first attempt lets
         // queued waiters go first.
-        let respect = respect
-            || representative
-                .as_ref()
-                .is_some_and(|slot| slot.after_dissolve);
+        let after_dissolve = representative
+            .as_ref()
+            .is_some_and(|slot| slot.after_dissolve);
+        let respect = if after_dissolve {
+            Respect::Everyone
+        } else {
+            respect
+        };
         // Boxed: the waiting state machine is large, and an uncontended
         // acquire should not carry it.
         let in_redis = Box::pin(acquisition.waiting(wait, started, respect));

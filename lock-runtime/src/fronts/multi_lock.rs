@@ -88,7 +88,10 @@ impl MultiLock {
 
     /// See [`Lock::fencing`]: one token for the whole set, larger than every
     /// token handed out earlier for any of its keys
-    /// ([`MultiGuard::fencing_token`]).
+    /// ([`MultiGuard::fencing_token`]); every later token of each key is
+    /// larger than it. A set whose every lock is already held up the call
+    /// chain takes the largest of the outer holds' tokens, raises every
+    /// key's fence to it, and the outer holds report it from then on.
     pub fn fencing(self) -> Self {
         self.map(Lock::fencing)
     }

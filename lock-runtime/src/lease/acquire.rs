@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::wait_for;
-use crate::backend::{retryable, Acquire, AcquireRequest, Kind, WaitPlace};
+use crate::backend::{retryable, Acquire, AcquireRequest, Kind, Respect, WaitPlace};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
@@ -336,8 +336,10 @@ impl Acquisition<'_> {
     /// of; one whose value is another (a shared kind's) comes as a guard.
     async fn first_attempt(&self, token: &str) -> Result<Taken, LockError> {
         let mut unknown = Unknown::new(self, token);
-        let respect = self.settings.fair;
-        match self.attempt(&mut unknown, "", false, respect, None).await? {
+        match self
+            .attempt(&mut unknown, "", false, self.fair(), None)
+            .await?
+        {
             Attempt::Acquired(fence, found, None) => Ok(Taken::Plain(unknown.settle(found, fence))),
             Attempt::Acquired(fence, found, holds) => {
                 Ok(Taken::Guard(unknown.acquired(fence, found, holds)))
@@ -348,26 +350,41 @@ impl Acquisition<'_> {
         }
     }
 
-    /// Whether this attempt must let queued waiters go first: always in fair
-    /// mode, and right after this client handed the lock to a waiter (so a
-    /// holder that releases and asks again at once does not snatch the lock
-    /// back from the waiter it just woke).
-    pub(crate) fn respects_queue(&self) -> bool {
-        self.settings.fair || self.core.just_handed_over(&self.keys.lock)
+    /// Whom queued this attempt lets go first: every waiter, a set's too,
+    /// right after this client handed the lock to a waiter (so a holder that
+    /// releases and asks again at once does not snatch the lock back from
+    /// the waiter it just woke, whatever its kind); else as
+    /// [`fair`](Self::fair) says.
+    pub(crate) fn respects_queue(&self) -> Respect {
+        if self.core.just_handed_over(&self.keys.lock) {
+            Respect::Everyone
+        } else {
+            self.fair()
+        }
+    }
+
+    /// Whom queued every attempt lets go first: in fair mode, the first
+    /// live waiter that is not a set's (a set's place keeps no key, §16).
+    pub(crate) fn fair(&self) -> Respect {
+        if self.settings.fair {
+            Respect::Singles
+        } else {
+            Respect::No
+        }
     }
 
     /// Waits for the lock (from `started`, for `wait`), in the queue of
-    /// waiters that releases wake. `respect`: this waiter lets queued
-    /// waiters go first ([`respects_queue`](Self::respects_queue)).
+    /// waiters that releases wake. `respect`: whom queued its first
+    /// attempts let go first ([`respects_queue`](Self::respects_queue)).
     pub(crate) async fn waiting(
         &self,
         wait: Duration,
         started: Instant,
-        respect: bool,
+        respect: Respect,
     ) -> Result<LockGuard, LockError> {
         let token = self.core.new_token()?;
         let mut unknown = Unknown::new(self, &token);
-        let fair = self.settings.fair;
+        let fair = self.fair();
         // `Duration::MAX` and other huge waits mean "wait as long as it takes".
         let deadline = started.checked_add(wait);
         // The place in the queue is given up if the waiter stops waiting.
@@ -440,23 +457,63 @@ impl Acquisition<'_> {
                 );
                 continue;
             }
-            // A holder that just handed over lets its waiter go first only
-            // until its own first wait.
-            respect = fair;
             // Woken by the release that makes this waiter first in line;
             // never asleep past the holder's expiry (a holder that died is
             // taken over as soon as its key is gone), past the refresh of
-            // its place in the queue, or past the wait.
+            // its place in the queue, or past the wait. A holder that just
+            // handed over and found the lock free with the woken waiter
+            // first is told when that waiter releases (it stands next); if
+            // the waiter is a set that cannot use the key yet, the key
+            // stays free for it until the refresh (design §16).
             let mut pause = match expires_in {
                 Some(expires_in) => expires_in.saturating_add(Duration::from_millis(1)),
+                None if respect == Respect::Everyone => QUEUE_REFRESH,
                 None => FALLBACK_PAUSE,
             };
+            // A holder that just handed over lets its waiter go first only
+            // until its own first wait.
+            respect = fair;
             pause = pause.min(QUEUE_REFRESH);
             if let Some(deadline) = deadline {
                 pause = pause.min(deadline - now);
             }
             wait_for(notified, pause).await;
         }
+    }
+
+    /// One attempt of a set's waiter taking its keys one by one while it
+    /// stands in every key's line (`set_by_key.rs`): `member` is its place
+    /// in this key's line (it ends in `*`), `token` this round's own. A key
+    /// taken comes as a hold without a guard yet (the set may give it back).
+    pub(crate) async fn attempt_in_line(
+        &self,
+        token: &str,
+        member: &str,
+        respect: Respect,
+        place: &WaitPlace,
+    ) -> Result<InLine, LockError> {
+        let mut unknown = Unknown::new(self, token);
+        match self
+            .attempt(&mut unknown, member, true, respect, Some(place))
+            .await?
+        {
+            Attempt::Acquired(fence, found, holds) => {
+                let taken = unknown.settle(found, fence);
+                let value = holds.unwrap_or_else(|| token.to_owned());
+                Ok(InLine::Taken(Hold::new(Acquired {
+                    linger: taken.stalled,
+                    expires_by: taken.expires_by,
+                    ..self.acquired(value, taken.sent_at, taken.fence)
+                })))
+            }
+            Attempt::Busy(expires_in) => Ok(InLine::Busy(expires_in)),
+        }
+    }
+
+    /// The guard of a hold [`attempt_in_line`](Self::attempt_in_line) took.
+    pub(crate) fn guard_of(&self, hold: Arc<Hold>) -> LockGuard {
+        tracing::debug!(lock = %self.name, fencing_token = ?hold.fencing_token, "acquired");
+        self.guard_for(hold)
     }
 
     pub(crate) fn guard(&self, token: String, taken: TakenAt) -> LockGuard {
@@ -536,7 +593,7 @@ impl Acquisition<'_> {
         unknown: &mut Unknown<'_>,
         member: &str,
         join_queue: bool,
-        respect_queue: bool,
+        respect_queue: Respect,
         place: Option<&WaitPlace>,
     ) -> Result<Attempt, LockError> {
         // Until an answer comes, this attempt may have taken the lock.
@@ -598,6 +655,15 @@ pub(crate) struct TakenAt {
     pub(crate) expires_by: Option<Instant>,
     pub(crate) fence: Option<u64>,
     pub(crate) stalled: bool,
+}
+
+/// What [`Acquisition::attempt_in_line`] found.
+pub(crate) enum InLine {
+    /// The key, taken with the round's token.
+    Taken(Arc<Hold>),
+    /// Held by another holder (its key expiring after this long, when
+    /// known), or free with another waiter first.
+    Busy(Option<Duration>),
 }
 
 /// What [`Acquisition::first_attempt`] took.

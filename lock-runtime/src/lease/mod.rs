@@ -14,6 +14,7 @@ pub(crate) mod loss;
 pub(crate) mod multi;
 pub(crate) mod release;
 pub(crate) mod renewal;
+pub(crate) mod set_by_key;
 pub(crate) mod watch;
 pub(crate) mod watch_set;
 

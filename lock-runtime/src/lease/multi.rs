@@ -5,10 +5,11 @@
 //!   node; one slot of a cluster), `acquire_all.lua` takes all or none, and
 //!   a waiter stands in every key's queue, woken by the release of any.
 //! - **One by one** (keys across cluster slots, a quorum, acknowledged
-//!   mode): a try of each key in the set's order; on a busy key, what was
-//!   taken is given back and the waiter waits for that key alone, holding
-//!   nothing, then tries the others again. Nobody ever waits while holding
-//!   part of a set, so no cycle of waiters can form.
+//!   mode; `set_by_key.rs`): a try of each key in the set's order; on a
+//!   busy key, what was taken is given back and the waiter stands in the
+//!   line of every key, holding nothing, trying them all at each wake-up.
+//!   Nobody ever waits while holding part of a set, so no cycle of waiters
+//!   can form.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::backend::{retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Subscription};
+use crate::backend::{
+    retryable, wait_for, AcquireAll, AcquireAllRequest, Kind, Respect, Subscription,
+};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::acquire::{
@@ -25,6 +28,7 @@ use crate::lease::acquire::{
 use crate::lease::guard::LockGuard;
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::release::spawn_release;
+use crate::lease::set_by_key::raise_fences;
 use crate::lease::watch::Entry;
 use crate::lease::Core;
 
@@ -81,15 +85,24 @@ impl SetAcquisition<'_> {
             for (index, guard) in rest.into_iter().zip(taken) {
                 guards[index] = Some(guard);
             }
+            return Ok(guards.into_iter().flatten().collect());
         }
-        Ok(guards.into_iter().flatten().collect())
+        // Every lock of the set is held up the call chain (by outer locks
+        // taken one by one, each with its own token): the set's token is the
+        // largest of theirs, raised on every key's fence and in every outer
+        // hold, so that no later token of any key is smaller (design §16).
+        let guards: Vec<LockGuard> = guards.into_iter().flatten().collect();
+        if self.members[0].settings.fencing {
+            raise_fences(&self.members[0], &guards).await?;
+        }
+        Ok(guards)
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         self.wait.and_then(|wait| self.started.checked_add(wait))
     }
 
-    fn wait_timeout(&self, name: &str) -> LockError {
+    pub(super) fn wait_timeout(&self, name: &str) -> LockError {
         LockError::WaitTimeout {
             name: name.to_owned(),
             waited: self.started.elapsed(),
@@ -131,10 +144,16 @@ impl SetAcquisition<'_> {
         } else {
             None
         };
-        let mut respect = settings.fair
-            || members
-                .iter()
-                .any(|member| core.just_handed_over(&member.keys.lock));
+        // Right after this client handed one of the keys over, every waiter
+        // goes first until the set's first wait (§4).
+        let handed_over = members
+            .iter()
+            .any(|member| core.just_handed_over(&member.keys.lock));
+        let mut respect = if handed_over {
+            Respect::Everyone
+        } else {
+            first.fair()
+        };
         let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
             let notified = subscription.as_ref().map(Subscription::notified);
@@ -204,7 +223,7 @@ impl SetAcquisition<'_> {
             }
             // A holder that just handed one of the keys over lets its waiter
             // go first only until its own first wait.
-            respect = settings.fair;
+            respect = first.fair();
             let mut pause = expires_in.map_or(FALLBACK_PAUSE, |expires_in| {
                 expires_in.saturating_add(Duration::from_millis(1))
             });
@@ -215,106 +234,6 @@ impl SetAcquisition<'_> {
             wait_for(notified, pause).await;
         }
     }
-
-    /// Key by key, never waiting while holding any: a try of each in the
-    /// set's order; on a busy one, what was taken is given back, and the
-    /// next round first waits for that key alone (in its queue, woken by
-    /// its release), then tries the others.
-    async fn one_by_one(&self, members: &[&Acquisition<'_>]) -> Result<Vec<LockGuard>, LockError> {
-        let deadline = self.deadline();
-        let mut wait_first: Option<usize> = None;
-        loop {
-            let mut taken: Vec<Option<LockGuard>> = members.iter().map(|_| None).collect();
-            if let Some(index) = wait_first {
-                let member = members[index];
-                let left = deadline.map_or(Duration::MAX, |deadline| {
-                    deadline.saturating_duration_since(Instant::now())
-                });
-                match member
-                    .waiting(left, Instant::now(), member.respects_queue())
-                    .await
-                {
-                    Ok(guard) => taken[index] = Some(guard),
-                    Err(LockError::WaitTimeout { name, .. }) => {
-                        return Err(self.wait_timeout(&name))
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
-            let mut busy = None;
-            for (index, member) in members.iter().enumerate() {
-                if taken[index].is_some() {
-                    continue;
-                }
-                match member.once().await {
-                    Ok(guard) => taken[index] = Some(guard),
-                    Err(LockError::Busy { .. }) => {
-                        busy = Some(index);
-                        break;
-                    }
-                    Err(LockError::Redis { source, .. })
-                        if self.wait.is_some() && retryable(&source) =>
-                    {
-                        busy = Some(index);
-                        break;
-                    }
-                    Err(error) => {
-                        give_back(taken).await;
-                        return Err(error);
-                    }
-                }
-            }
-            let Some(index) = busy else {
-                let guards: Vec<LockGuard> = taken.into_iter().flatten().collect();
-                if members[0].settings.fencing {
-                    raise_fences(members[0], &guards).await?;
-                }
-                return Ok(guards);
-            };
-            give_back(taken).await;
-            let name = members[index].name;
-            if self.wait.is_none() {
-                return Err(LockError::Busy {
-                    name: name.to_owned(),
-                });
-            }
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                return Err(self.wait_timeout(name));
-            }
-            wait_first = Some(index);
-        }
-    }
-}
-
-/// Releases what a round of [`SetAcquisition::one_by_one`] took (a
-/// cancelled give-back goes on in the background: each guard's drop).
-async fn give_back(taken: Vec<Option<LockGuard>>) {
-    join_all(taken.into_iter().flatten().map(LockGuard::release)).await;
-}
-
-/// One fencing token for a set taken key by key: the largest of its keys'
-/// tokens, written to every key's fence (`fence_raise.lua`) so that every
-/// later token of each key is larger.
-async fn raise_fences(first: &Acquisition<'_>, guards: &[LockGuard]) -> Result<(), LockError> {
-    let Some(token) = guards
-        .iter()
-        .filter_map(|guard| guard.fencing_token())
-        .max()
-    else {
-        return Ok(());
-    };
-    let retention_ms = fence_retention_ms(first.ttl_ms);
-    let backend = first.core.backend();
-    let raised = join_all(guards.iter().map(|guard| {
-        let keys = &guard.hold().keys;
-        backend.fence_at_least(keys, token, retention_ms)
-    }))
-    .await;
-    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
-    for guard in guards {
-        guard.hold().raise_fence(token);
-    }
-    Ok(())
 }
 
 /// The attempts of a set taken together whose outcome is unknown (see

@@ -10,9 +10,13 @@
 --         deadline in ms)
 -- ARGV[1] token, ARGV[2] ttl_ms, ARGV[3] fence_retention_ms (0: no fencing
 --         token), ARGV[4] waiter_timeout_ms, ARGV[5] join (1: join or refresh
---         the queue when not acquired), ARGV[6] respect (1: take a free lock
---         only when the queue is empty or the caller is first in it),
---         ARGV[7] member (the caller's entry), ARGV[8] mine (1: an earlier
+--         the queue when not acquired), ARGV[6] respect (0: take a free
+--         lock; 1, `fair`: only when the first live waiter that is not a
+--         set's is the caller, or there is none; 2, the releaser's next
+--         attempt: only when the queue is empty or the caller is first in
+--         it), ARGV[7] member (the caller's entry; a set's waiter's ends in
+--         `*`, and keeps its place when it takes the lock: lease/multi.rs
+--         takes a set key by key and leaves once it has all), ARGV[8] mine (1: an earlier
 --         attempt with this token got no answer; if the lock holds the token,
 --         say so)
 -- Replies {1, fence or 0} acquired; {1, fence or 0, pttl} found already
@@ -37,29 +41,48 @@ local function now_ms()
   end
   return math.floor(now_us / 1000)
 end
+local set = string.sub(ARGV[7], -1) == '*'
+local joins = ARGV[5] == '1'
+if set and joins then
+  -- A set's waiter stands in line whether it takes the lock or not (the
+  -- same join as below, first).
+  joins = false
+  if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[7])
+  end
+  redis.call('PEXPIRE', KEYS[3], timeout * 2)
+  redis.call('PEXPIRE', KEYS[4], timeout * 2)
+end
 local head = prune(3, 4, ARGV[7], now_ms)
 local may = ARGV[6] == '0' or not head or head == ARGV[7]
-if not may and string.sub(head, -1) == '*' then
-  -- A set's waiter (acquire_all.lua; its entry ends in `*`) keeps no key:
-  -- waiting for it here could close a cycle (a holder of its other key
-  -- waiting for this one). The first waiter that is not a set's goes first.
+if not may and ARGV[6] == '1' and string.sub(head, -1) == '*' then
+  -- A set's waiter (its entry ends in `*`) keeps no key from a `fair`
+  -- attempt: waiting for it here could close a cycle (a holder of its other
+  -- key waiting for this one). The first live waiter that is not a set's
+  -- goes first, unless the caller comes before it.
   may = true
   for _, entry in ipairs(redis.call('LRANGE', KEYS[3], '0', '-1')) do
+    if entry == ARGV[7] then break end
     local expiry = tonumber(redis.call('ZSCORE', KEYS[4], entry))
     if string.sub(entry, -1) ~= '*' and expiry and expiry > now_ms() then
-      may = entry == ARGV[7]
+      may = false
       break
     end
   end
 end
 if may then
   -- the waiter to wake after this holder: the first in line other than it
+  -- (none for a set's waiter first in line: it keeps its place, and a
+  -- give-back of a key it cannot use yet wakes nobody)
   local after = head
-  if head == ARGV[7] then after = redis.call('LINDEX', KEYS[3], '1') end
+  if head == ARGV[7] then
+    after = false
+    if not set then after = redis.call('LINDEX', KEYS[3], '1') end
+  end
   local value = ARGV[1]
   if after then value = ARGV[1] .. '|' .. after end
   if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-    if head and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
+    if head and not set and redis.call('ZREM', KEYS[4], ARGV[7]) == 1 then
       redis.call('LREM', KEYS[3], '1', ARGV[7])
     end
     if ARGV[3] == '0' then return {1, 0} end
@@ -71,7 +94,7 @@ if may then
     return {1, fence}
   end
 end
-if ARGV[5] == '1' then
+if joins then
   if redis.call('ZADD', KEYS[4], now_ms() + timeout, ARGV[7]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[7])
   end

@@ -14,8 +14,10 @@
 -- ARGV[1] token, ARGV[2] ttl_ms, ARGV[3] fence_retention_ms (0: no fencing
 --         token), ARGV[4] waiter_timeout_ms, ARGV[5] join (1: join or
 --         refresh every queue of the set when not acquired), ARGV[6]
---         respect (1: take a free lock only when its queue is empty or the
---         caller, or another set's waiter, is first in it), ARGV[7] member
+--         respect (0: take a free lock; 1, `fair`: only when the first live
+--         waiter in its queue that is not a set's is the caller, or there is
+--         none, as acquire.lua; 2, the releaser's next attempt: only when
+--         its queue is empty or the caller is first in it), ARGV[7] member
 --         (the caller's entry, the same in every queue:
 --         `<channel>|<token>*`), ARGV[8] mine (1: an earlier attempt with
 --         this token got no answer)
@@ -85,11 +87,21 @@ for i = 1, n do
   if busy == 0 then
     if redis.call('EXISTS', KEYS[lock]) == 1 then
       busy, busy_ttl = i, redis.call('PTTL', KEYS[lock])
-    elseif ARGV[6] == '1' and head and head ~= member and string.sub(head, -1) ~= '*' then
+    elseif ARGV[6] == '2' and head and head ~= member then
+      busy = i
+    elseif ARGV[6] == '1' and head and head ~= member then
       -- a set's waiter (its id ends in `*`) keeps no key: waiting for it
       -- could close a cycle (two sets each first in a queue the other
-      -- needs; acquire.lua does the same for single locks)
-      busy = i
+      -- needs; acquire.lua does the same for single locks). The first live
+      -- waiter that is not a set's goes first, unless the caller is ahead.
+      for _, entry in ipairs(redis.call('LRANGE', KEYS[lock + 2], '0', '-1')) do
+        if entry == member then break end
+        local expiry = tonumber(redis.call('ZSCORE', KEYS[lock + 3], entry))
+        if string.sub(entry, -1) ~= '*' and expiry and expiry > now_ms() then
+          busy = i
+          break
+        end
+      end
     end
   end
 end

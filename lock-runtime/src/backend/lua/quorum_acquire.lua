@@ -2,7 +2,8 @@
 -- Takes the lock if it is free (or held by an earlier, given-up attempt of
 -- the same caller) and nobody queued here is ahead of the caller; a waiter first joins (or refreshes) its place in the line, ordered
 -- by its ticket (tickets.lua), and keeps it even when granted here (it
--- leaves once its attempt held on a majority). The value written is the attempt's own
+-- leaves once its attempt held on a majority; a set's waiter, once it holds
+-- every key of its set: lease/set_by_key.rs). The value written is the attempt's own
 -- (`<token>|q<attempt>`): quorum values carry no wake mark, and a failed
 -- attempt's give-back deletes exactly that value. Preceded by publish.lua and
 -- tickets.lua.
@@ -10,8 +11,11 @@
 -- KEYS[1] lock, KEYS[2] fence, KEYS[3] tickets, KEYS[4] waiters
 -- ARGV[1] the attempt's value, ARGV[2] ttl_ms, ARGV[3] fence_retention_ms (0:
 -- no fencing token), ARGV[4] waiter_timeout_ms, ARGV[5] join (1: join or
--- refresh the line when not acquired), ARGV[6] respect (1: take a free lock
--- only when nobody is first in line, or the caller is), ARGV[7] the caller's
+-- refresh the line when not acquired), ARGV[6] respect (0: take a free lock;
+-- 1: only when the first live waiter in line that is not a set's is the
+-- caller, or there is none: a set's place, its entry ending in `*`, keeps
+-- no key, design §16; 2: only when the caller is first in line, or nobody
+-- is: the releaser's next attempt lets every waiter go first), ARGV[7] the caller's
 -- entry, ARGV[8] mine (1: an earlier try of this same call got no answer; if
 -- the lock holds the value, say so), ARGV[9] the caller's ticket (0: none yet,
 -- this node's clock in µs is used and returned), ARGV[10] not after (µs on
@@ -51,6 +55,20 @@ if ARGV[5] == '1' then
 end
 local first = false
 if redis.call('ZCARD', KEYS[3]) > 0 then first = first_in_line(now_ms) end
+-- The waiter a free lock is left to: the first live one that is not a
+-- set's, or the caller if it comes first (a set's place keeps no key).
+local ahead = first
+if first and first ~= member and string.sub(first, -1) == '*' then
+  ahead = false
+  for _, entry in ipairs(redis.call('ZRANGE', KEYS[3], '0', '-1')) do
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[4], entry))
+    if entry == member or (string.sub(entry, -1) ~= '*' and deadline and deadline > now_ms()) then
+      ahead = entry
+      break
+    end
+  end
+end
+if ARGV[6] == '2' then ahead = first end
 -- Free, or held by an earlier attempt of this same caller (given up, its
 -- give-back still on its way; never a later one, which this call, landing
 -- late, must not undo): a value is `<token>|q<attempt number, 8 hex digits>`.
@@ -62,7 +80,7 @@ if held then
     held = false
   end
 end
-if not held and (ARGV[6] == '0' or not first or first == member) then
+if not held and (ARGV[6] == '0' or not ahead or ahead == member) then
   -- A waiter stays in line until the attempt is known to hold: a failed
   -- attempt keeps its place on every node, and a winner leaves every node's
   -- line (quorum_leave.lua).
@@ -75,7 +93,7 @@ if not held and (ARGV[6] == '0' or not first or first == member) then
   return {1, fence, now_us}
 end
 local is_first = 0
-if first == member then is_first = 1 end
+if ahead == member then is_first = 1 end
 local pttl = -2
 if held then pttl = redis.call('PTTL', KEYS[1]) end
 return {0, pttl, tonumber(ticket), is_first, now_us}

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use super::nodes::{answered, Nodes, Silence};
 use super::{slots, QuorumBackend};
 use crate::backend::redis_backend::{Ballot, Vote, VoteKind};
-use crate::backend::{Acquire, AcquireRequest, Kind, WaitPlace};
+use crate::backend::{Acquire, AcquireRequest, Kind, Respect, WaitPlace};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::token::Random;
@@ -121,8 +121,15 @@ impl QuorumBackend {
             // A try defers to the waiters in line, and so does a waiter,
             // unless its last attempt found it first in line on a majority:
             // the others defer to it then, and it takes a node whose first
-            // waiter is gone or not yet in line elsewhere.
-            respect: !place.is_some_and(|place| place.first.load(Ordering::Relaxed)),
+            // waiter is gone or not yet in line elsewhere. The releaser's
+            // next attempt defers to every waiter, a set's too (§4).
+            respect: if request.respect == Respect::Everyone {
+                Respect::Everyone
+            } else if place.is_some_and(|place| place.first.load(Ordering::Relaxed)) {
+                Respect::No
+            } else {
+                Respect::Singles
+            },
             mine: request.mine,
             ticket: place.filter(|_| join).map_or(0, |place| self.ticket(place)),
         });
@@ -279,7 +286,11 @@ impl QuorumBackend {
                     self.nodes.failed(node, "lock acquisition");
                 }
             }
-            self.leave_line(&ballot);
+            // A set's waiter (its entry ends in `*`) stays in line until it
+            // holds every key of the set (`lease/set_by_key.rs` leaves then).
+            if !ballot.member.ends_with('*') {
+                self.leave_line(&ballot);
+            }
             let fence = said
                 .iter()
                 .filter_map(|said| match said {

@@ -354,6 +354,31 @@ impl Backend for QuorumBackend {
         })
     }
 
+    fn give_back<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        own: &'a str,
+    ) -> BoxFuture<'a, Result<(), LockError>> {
+        // In the background, on every node that answers (a node that does
+        // not lets the value expire; a stopped one must not hold the set's
+        // next round up), as a failed attempt's give-back: the set's own
+        // place is not woken. The value is the attempt's own, so a late
+        // give-back cannot touch a later round's.
+        let (nodes, deadline) = (Arc::clone(&self.nodes), self.deadline);
+        let (keys, token, own) = (keys.clone(), token.to_owned(), own.to_owned());
+        tokio::spawn(async move {
+            join_all(nodes.iter().map(|node| {
+                let release = node
+                    .redis
+                    .release_waking(Kind::Exclusive, &keys, &token, &own);
+                tokio::time::timeout(deadline, release)
+            }))
+            .await;
+        });
+        Box::pin(async { Ok(()) })
+    }
+
     fn pass<'a>(
         &'a self,
         keys: &'a LockKeys,

@@ -11,7 +11,7 @@ use crate::backend::scripts::{
     evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
     QUORUM_RW_ACQUIRE, QUORUM_SEMAPHORE_ACQUIRE, QUORUM_SHARED_LEAVE, QUORUM_SHARED_RELEASE,
 };
-use crate::backend::{Kind, Release};
+use crate::backend::{Kind, Release, Respect};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
@@ -66,8 +66,9 @@ pub(crate) struct Ballot {
     pub(crate) waiter_timeout_ms: u64,
     /// Join (or refresh a place in) the line when not granted.
     pub(crate) join: bool,
-    /// Defer to the first waiter in line.
-    pub(crate) respect: bool,
+    /// Whom in line it defers to (`Respect`; the shared kinds' scripts
+    /// know only 0 and 1: every waiter in line).
+    pub(crate) respect: Respect,
     /// An earlier try of this call got no answer.
     pub(crate) mine: bool,
     /// The caller's ticket (0: none yet; the node's clock is used).
@@ -105,7 +106,10 @@ impl RedisBackend {
             .arg(retention_ms)
             .arg(ballot.waiter_timeout_ms)
             .arg(u8::from(ballot.join))
-            .arg(u8::from(ballot.respect))
+            .arg(match ballot.kind {
+                Kind::Exclusive => ballot.respect.arg(),
+                _ => u8::from(ballot.respect.any()),
+            })
             .arg(&ballot.member);
         let (cmd, scripts) = (&cmd, self.connection.scripts());
         let reply = self.call(keys.name(), "acquire", |mut connection, number| {

@@ -213,7 +213,7 @@ impl RedisBackend {
                 .arg(capacity)
                 .arg(request.waiter_timeout_ms)
                 .arg(u8::from(request.join))
-                .arg(u8::from(request.respect))
+                .arg(u8::from(request.respect.any()))
                 .arg(request.member)
                 .arg(u8::from(mine));
             return run(&SEMAPHORE_ACQUIRE, &cmd, connection, scripts).await;
@@ -230,7 +230,7 @@ impl RedisBackend {
             .arg(request.fence_retention_ms.unwrap_or(0))
             .arg(request.waiter_timeout_ms)
             .arg(u8::from(request.join))
-            .arg(u8::from(request.respect))
+            .arg(u8::from(request.respect.any()))
             .arg(request.member)
             .arg(u8::from(mine));
         run(&RW_ACQUIRE, &cmd, connection, scripts).await

@@ -1,0 +1,446 @@
+//! A set taken key by key (`Lock::all` with names across cluster slots,
+//! over a quorum, in acknowledged mode; docs/design.md §16): never waiting
+//! while holding any key of it, and never starved by single-key lockers.
+//!
+//! - **First round:** a try of each key in the set's order, what an
+//!   uncontended set costs (one attempt per key).
+//! - **Then, in line:** the set stands in the line of every key at once,
+//!   one place per key (`<channel>|<id>:<i>*`, a set's place, which keeps
+//!   no key from anyone) that it keeps for its whole wait (over a quorum
+//!   with one ticket, so single-key lockers that come later stand behind it
+//!   on every key). Each round tries every key at once; a round that does
+//!   not get them all gives back what it took without waking the set's own
+//!   place (the key stays free for it until a waiter's timed attempt or a
+//!   newcomer takes it), then sleeps until a release that makes it first in
+//!   a line wakes it, or a timer.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use futures_util::future::{join_all, select_all};
+
+use crate::backend::{retryable, wait_for, Kind, Respect, Subscription, WaitPlace};
+use crate::error::LockError;
+use crate::lease::acquire::{
+    Acquisition, InLine, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH,
+};
+use crate::lease::guard::LockGuard;
+use crate::lease::hold::{fence_retention_ms, Hold};
+use crate::lease::multi::SetAcquisition;
+use crate::lease::release::spawn_release;
+use std::sync::Arc;
+
+/// What a round of tries of every key found.
+enum Tried {
+    All(Vec<LockGuard>),
+    /// The key at `index` was busy, or its servers did not answer
+    /// (`unanswered`); what was taken is given back.
+    Busy {
+        index: usize,
+        unanswered: Option<LockError>,
+    },
+}
+
+impl SetAcquisition<'_> {
+    /// Every lock of the set, key by key (see the module's comment).
+    pub(super) async fn one_by_one(
+        &self,
+        members: &[&Acquisition<'_>],
+    ) -> Result<Vec<LockGuard>, LockError> {
+        let (index, unanswered) = match try_each(members, self.wait.is_some()).await? {
+            Tried::All(guards) => return finish(members[0], guards).await,
+            Tried::Busy { index, unanswered } => (index, unanswered),
+        };
+        let name = members[index].name;
+        if self.wait.is_none() {
+            return Err(LockError::Busy {
+                name: name.to_owned(),
+            });
+        }
+        if self
+            .deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return Err(unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+        }
+        self.in_line(members, index).await
+    }
+
+    /// Rounds of attempts on every key at once, standing in every key's
+    /// line between them, until the set is taken or the wait is over.
+    async fn in_line(
+        &self,
+        members: &[&Acquisition<'_>],
+        busy: usize,
+    ) -> Result<Vec<LockGuard>, LockError> {
+        let first = members[0];
+        let core = &first.core;
+        let notifier = core.notifier();
+        let id = core.new_token()?;
+        let mut lines: Vec<Line> = members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| {
+                let (channel, slot) = notifier.channel_for(&member.keys.lock);
+                let waiter = format!("{id}:{index}*");
+                Line {
+                    place: Kind::Exclusive.queue_entry(&channel, &waiter),
+                    subscription: notifier.join_ready(&waiter, slot),
+                    waiter,
+                    slot,
+                    ticket: WaitPlace::default(),
+                }
+            })
+            .collect();
+        // Out of every line when the acquisition ends, whatever the outcome.
+        let _leave = Leave {
+            members,
+            places: lines.iter().map(|line| line.place.clone()).collect(),
+        };
+        let deadline = self.deadline();
+        // Right after this client handed one of the keys over, every
+        // waiter goes first until the set's first wait (§4).
+        let handed_over = members
+            .iter()
+            .any(|member| core.just_handed_over(&member.keys.lock));
+        let mut respect = if handed_over {
+            Respect::Everyone
+        } else {
+            first.fair()
+        };
+        let mut error_pause = FIRST_ERROR_PAUSE;
+        // The key found busy last: tried first, and while it stays busy the
+        // others are not taken for nothing, but for the refresh of the
+        // set's places in their lines.
+        let mut start = busy;
+        let mut refreshed: Option<Instant> = None;
+        loop {
+            let notified = any_notified(&lines);
+            share_ticket(&lines);
+            let refresh = refreshed.is_none_or(|at| at.elapsed() >= PLACE_REFRESH);
+            let mut round = Round::of(members, &lines, respect, start, refresh).await?;
+            if round.every_key {
+                refreshed = Some(Instant::now());
+            }
+            if round.taken.len() == members.len() {
+                let guards = round
+                    .taken
+                    .into_iter()
+                    .map(|mut taken| members[taken.index].guard_of(taken.keep()))
+                    .collect();
+                return finish(first, guards).await;
+            }
+            round.give_back(&lines).await;
+            let index = round.busy;
+            start = index;
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                let name = members[index].name;
+                return Err(round.unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+            }
+            if round.unanswered.is_some() {
+                // As a single waiter does: not a reason to give up while
+                // the wait lasts.
+                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
+                tokio::time::sleep(error_pause.min(left)).await;
+                error_pause = (error_pause * 2).min(QUEUE_REFRESH);
+                continue;
+            }
+            error_pause = FIRST_ERROR_PAUSE;
+            if lines.iter().any(|line| line.subscription.is_none()) {
+                // Listen, then try again at once: a release in between is
+                // not missed.
+                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
+                for line in lines.iter_mut().filter(|line| line.subscription.is_none()) {
+                    let patience = left.min(QUEUE_REFRESH);
+                    let subscription = notifier.subscribe(&line.waiter, line.slot, patience);
+                    line.subscription = Some(subscription.await);
+                }
+                continue;
+            }
+            respect = first.fair();
+            let mut pause = round.pause.min(QUEUE_REFRESH);
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline - now);
+            }
+            wait_for(notified, pause).await;
+        }
+    }
+}
+
+/// The set's place in one key's line.
+struct Line {
+    /// Its entry in the line: `<channel>|<waiter>`.
+    place: String,
+    /// What a release that makes it first publishes: `<id>:<i>*`.
+    waiter: String,
+    slot: u16,
+    subscription: Option<Subscription>,
+    /// Over a quorum, its ticket: the same on every key ([`share_ticket`]).
+    ticket: WaitPlace,
+}
+
+/// How often a round tries every key even while the key found busy last
+/// stays busy: the set's place in a line lapses after the waiter timeout
+/// (2 s) without an attempt.
+const PLACE_REFRESH: Duration = Duration::from_secs(1);
+
+/// One round: an attempt on each key in turn, from the key found busy last.
+struct Round {
+    taken: Vec<Taken>,
+    /// The first key found not taken (`usize::MAX`: none yet).
+    busy: usize,
+    /// Every key was tried (the set's places in every line refreshed).
+    every_key: bool,
+    /// A key whose servers did not answer.
+    unanswered: Option<LockError>,
+    /// How long to sleep without news: the shortest of the busy keys'.
+    pause: Duration,
+}
+
+impl Round {
+    /// Tries the keys from `start` on, stopping at the first one not taken
+    /// unless `refresh` asks for every key.
+    async fn of(
+        members: &[&Acquisition<'_>],
+        lines: &[Line],
+        respect: Respect,
+        start: usize,
+        refresh: bool,
+    ) -> Result<Round, LockError> {
+        let mut round = Round {
+            taken: Vec::new(),
+            busy: usize::MAX,
+            every_key: true,
+            unanswered: None,
+            pause: QUEUE_REFRESH,
+        };
+        let mut failed = None;
+        let order =
+            std::iter::once(start).chain((0..members.len()).filter(|&index| index != start));
+        for index in order {
+            if (round.busy != usize::MAX || failed.is_some()) && !refresh {
+                round.every_key = false;
+                break;
+            }
+            let (member, line) = (members[index], &lines[index]);
+            let attempt = match member.core.new_token() {
+                Ok(token) => {
+                    member
+                        .attempt_in_line(&token, &line.place, respect, &line.ticket)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match attempt {
+                Ok(InLine::Taken(hold)) => round.taken.push(Taken {
+                    index,
+                    hold: Some(hold),
+                }),
+                Ok(InLine::Busy(expires_in)) => {
+                    round.busy_at(index);
+                    let pause = expires_in.map_or(FALLBACK_PAUSE, |expires_in| {
+                        expires_in.saturating_add(Duration::from_millis(1))
+                    });
+                    round.pause = round.pause.min(pause);
+                }
+                Err(error @ LockError::Redis { .. }) if matches!(&error, LockError::Redis { source, .. } if retryable(source)) =>
+                {
+                    round.busy_at(index);
+                    round.unanswered = Some(error);
+                }
+                Err(error) => failed = failed.or(Some(error)),
+            }
+        }
+        match failed {
+            // What was taken is released by its drop, in the background.
+            Some(error) => Err(error),
+            None => Ok(round),
+        }
+    }
+
+    /// The first key found busy (or unanswered) in this round's order.
+    fn busy_at(&mut self, index: usize) {
+        if self.busy == usize::MAX {
+            self.busy = index;
+        }
+    }
+
+    /// Gives back what the round took (a give-back that fails is retried
+    /// in the background by the hold's drop).
+    async fn give_back(&mut self, lines: &[Line]) {
+        join_all(self.taken.drain(..).map(|mut taken| async move {
+            let own = &lines[taken.index].place;
+            let Some(hold) = &taken.hold else { return };
+            let backend = hold.core.backend();
+            if backend
+                .give_back(&hold.keys, &hold.token, own)
+                .await
+                .is_ok()
+            {
+                taken.hold.take();
+            }
+        }))
+        .await;
+    }
+}
+
+/// A key a round took: released in the background if dropped before it
+/// became a guard or was given back.
+struct Taken {
+    index: usize,
+    hold: Option<Arc<Hold>>,
+}
+
+impl Taken {
+    fn keep(&mut self) -> Arc<Hold> {
+        self.hold.take().expect("a taken key has its hold")
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            spawn_release(hold, false);
+        }
+    }
+}
+
+/// The set's places in its keys' lines, left when the acquisition ends
+/// (in the background; a place not given up expires after the waiter
+/// timeout).
+struct Leave<'a, 'b> {
+    members: &'a [&'a Acquisition<'b>],
+    places: Vec<String>,
+}
+
+impl Drop for Leave<'_, '_> {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let core = Arc::clone(&self.members[0].core);
+        let keys: Vec<_> = self
+            .members
+            .iter()
+            .map(|member| member.keys.clone())
+            .collect();
+        let places = std::mem::take(&mut self.places);
+        runtime.spawn(async move {
+            let leaving = keys
+                .iter()
+                .zip(&places)
+                .map(|(keys, place)| core.backend().leave(Kind::Exclusive, keys, place));
+            let _ = join_all(leaving).await;
+        });
+    }
+}
+
+/// A wake-up for a release of any key that makes the set first in line.
+fn any_notified(
+    lines: &[Line],
+) -> Option<std::pin::Pin<Box<impl std::future::Future<Output = ()>>>> {
+    let notified: Vec<_> = lines
+        .iter()
+        .filter_map(|line| line.subscription.as_ref().map(Subscription::notified))
+        .collect();
+    (!notified.is_empty()).then(|| {
+        Box::pin(async move {
+            select_all(notified).await;
+        })
+    })
+}
+
+/// Over a quorum, the set stands in every key's line with one ticket: the
+/// earliest any of its places got (one line's own would put it behind
+/// single-key lockers that came after the set on another key).
+fn share_ticket(lines: &[Line]) {
+    use std::sync::atomic::Ordering;
+    let tickets = lines
+        .iter()
+        .map(|line| line.ticket.ticket.load(Ordering::Relaxed));
+    let Some(earliest) = tickets.filter(|&ticket| ticket != 0).min() else {
+        return;
+    };
+    for line in lines {
+        line.ticket.ticket.store(earliest, Ordering::Relaxed);
+    }
+}
+
+/// A try of each key in the set's order, giving back what it took at the
+/// first busy key.
+async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, LockError> {
+    let mut taken = Vec::with_capacity(members.len());
+    for (index, member) in members.iter().enumerate() {
+        let unanswered = match member.once().await {
+            Ok(guard) => {
+                taken.push(guard);
+                continue;
+            }
+            Err(LockError::Busy { .. }) => None,
+            Err(error @ LockError::Redis { .. })
+                if waits
+                    && matches!(&error, LockError::Redis { source, .. } if retryable(source)) =>
+            {
+                Some(error)
+            }
+            Err(error) => {
+                give_back(taken).await;
+                return Err(error);
+            }
+        };
+        give_back(taken).await;
+        return Ok(Tried::Busy { index, unanswered });
+    }
+    Ok(Tried::All(taken))
+}
+
+/// Releases what a round of tries took (a cancelled give-back goes on in
+/// the background: each guard's drop).
+async fn give_back(taken: Vec<LockGuard>) {
+    join_all(taken.into_iter().map(LockGuard::release)).await;
+}
+
+/// The set, taken: with `fencing`, one token for all of it.
+async fn finish(
+    first: &Acquisition<'_>,
+    guards: Vec<LockGuard>,
+) -> Result<Vec<LockGuard>, LockError> {
+    if first.settings.fencing {
+        raise_fences(first, &guards).await?;
+    }
+    Ok(guards)
+}
+
+/// One fencing token for a set whose keys got a token each (taken key by
+/// key, or held by outer locks): the largest of them, written to the fence
+/// of every key whose token is smaller (`fence_raise.lua`) so that every
+/// later token of each key is larger, and reported by every hold.
+pub(super) async fn raise_fences(
+    first: &Acquisition<'_>,
+    guards: &[LockGuard],
+) -> Result<(), LockError> {
+    let Some(token) = guards
+        .iter()
+        .filter_map(|guard| guard.fencing_token())
+        .max()
+    else {
+        return Ok(());
+    };
+    let retention_ms = fence_retention_ms(first.ttl_ms);
+    let backend = first.core.backend();
+    let behind = guards
+        .iter()
+        .filter(|guard| guard.fencing_token().is_some_and(|own| own < token));
+    let raised = join_all(behind.map(|guard| {
+        let keys = &guard.hold().keys;
+        backend.fence_at_least(keys, token, retention_ms)
+    }))
+    .await;
+    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
+    for guard in guards {
+        guard.hold().raise_fence(token);
+    }
+    Ok(())
+}
