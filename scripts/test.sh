@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace, then cargo fmt --check, clippy and
-# cargo doc with warnings denied. Installs redis-server and cargo-nextest
+# Runs every test of the workspace, then cargo fmt --check, clippy,
+# cargo doc with warnings denied and the publishing dry runs
+# (scripts/check-package.sh). Installs redis-server and cargo-nextest
 # first when they are missing; each test starts its own redis-server on a
 # free loopback port.
 #
@@ -37,6 +38,9 @@ cargo fmt --all --check || { echo "cargo fmt --check failed: run cargo fmt" >&2;
 cargo clippy --workspace --all-targets --locked -- -D warnings || status=1
 cargo clippy -p lock-runtime --all-targets --locked -- -D warnings || status=1
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked || status=1
+# lock-macros and lock-runtime can be published: packaged and built from the
+# package alone, in a first release's order (about 20 s once built).
+scripts/check-package.sh || status=1
 if [ "$status" -ne 0 ]; then
     echo "FAILED: see the failing tests listed above (after 'tests:') and the checks' messages" >&2
 fi

@@ -1,9 +1,11 @@
 // The README is the crate's front page: its examples compile as doctests.
+// `lock-runtime/README.md` is a link to the repository's README.md, so that
+// the package carries it (scripts/check-package.sh builds from the package).
 // Its links to the guide are references, defined at its end for the
 // repository and first here, in `guide/links.md`, for rustdoc (the first
 // definition of a label wins).
 #![doc = include_str!("guide/links.md")]
-#![doc = include_str!("../../README.md")]
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
 // Layers, each using only those below it: the public fronts (`fronts`:
