@@ -146,7 +146,7 @@ impl Config {
     }
 
     /// A configuration for a quorum of independent Redis masters (RedLock,
-    /// docs/design.md §13): a lock is held when a majority of them granted
+    /// [design §13](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)): a lock is held when a majority of them granted
     /// it within its validity. An odd number, at least 3 (checked by
     /// [`Client::new`]); URLs as for [`Config::new`]. The URL form
     /// `redis-quorum://[user:password@]host1:port1,host2:port2,host3:port3`
@@ -173,7 +173,7 @@ impl Config {
     /// is checked with `ROLE`, and followed through failovers: a
     /// `+switch-master` from a sentinel, a `READONLY` answer or a lost
     /// connection moves every connection (calls, waiters' subscriptions) to
-    /// the primary they name then, without a restart (docs/design.md §15).
+    /// the primary they name then, without a restart ([design §15](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)).
     ///
     /// The data nodes get their credentials from
     /// [`primary_credentials`](Self::primary_credentials) and use TLS as the
@@ -334,7 +334,7 @@ impl Config {
     /// with [`LockError::NotReplicated`]; a renewal they do not confirm
     /// counts as failed (tried again while the lock is valid). This narrows,
     /// but does not close, the failover window of asynchronous replication
-    /// (docs/design.md §12). `timeout` must be shorter than the response
+    /// ([design §12](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)). `timeout` must be shorter than the response
     /// timeout (each call waits for it). In-process hand-offs between tasks
     /// are off in this mode: every holder acquires through Redis.
     pub fn acknowledged(mut self, replicas: u32, timeout: Duration) -> Self {

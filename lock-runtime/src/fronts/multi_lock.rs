@@ -68,7 +68,7 @@ impl MultiLock {
     /// release of any lock it waits for ([`LockError::WaitTimeout`]).
     ///
     /// A lock of the set already held up this task's call chain is shared
-    /// as a single lock would be (the README, "Reentrancy"); the others are
+    /// as a single lock would be ([Reentrancy](crate::guide::attribute#reentrancy)); the others are
     /// taken as a set.
     ///
     /// # Errors
