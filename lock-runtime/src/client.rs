@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::AsyncConnectionConfig;
 
+mod from_redis;
 mod sentinel;
 
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};

@@ -51,6 +51,7 @@ pub mod __private {
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{ConfigError, LockError, LostCause};
+pub use fronts::holder::LockHolder;
 pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
 pub use fronts::multi_lock::{MultiGuard, MultiLock};
 pub use fronts::rw_lock::RwLock;

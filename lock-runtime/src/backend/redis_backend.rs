@@ -4,6 +4,7 @@
 //! renewals in `renewal.rs`.
 
 mod inspect;
+mod peek;
 mod quorum_node;
 mod record;
 mod renewal;
@@ -25,7 +26,7 @@ use super::scripts::{
 };
 use super::{
     slots, Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
-    RecordWrite, Release, RenewItem, Snapshot,
+    Peeked, RecordWrite, Release, RenewItem, Snapshot,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -629,6 +630,13 @@ impl Backend for RedisBackend {
         keys: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
         Box::pin(async move { Ok(vec![self.snapshot(name, keys).await?]) })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, Result<Vec<Option<Peeked>>, LockError>> {
+        Box::pin(async move { Ok(vec![Some(self.peek_lock(keys).await?)]) })
     }
 
     fn write_record<'a>(

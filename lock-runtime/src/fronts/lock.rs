@@ -603,6 +603,11 @@ impl Lock {
         Ok(ttl_ms)
     }
 
+    /// The client set with [`Lock::client`], if any.
+    pub(crate) fn client_ref(&self) -> Option<&Client> {
+        self.client.as_ref()
+    }
+
     /// This lock without a wait (a set's try).
     pub(crate) fn no_wait(mut self) -> Lock {
         self.wait = None;

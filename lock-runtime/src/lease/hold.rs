@@ -303,6 +303,14 @@ impl Hold {
         self.valid_until.fetch_max(until, Ordering::AcqRel);
     }
 
+    /// A manual extension with `ttl` sent at `sent_at` was confirmed
+    /// (`LockGuard::extend`, never on a renewed lock): the key lives until
+    /// `sent_at + ttl`, which may be sooner than what was known before.
+    pub(crate) fn extend_for(&self, sent_at: Instant, ttl: Duration) {
+        let until = to_nanos(sent_at + ttl - drift_margin(ttl));
+        self.valid_until.store(until, Ordering::Release);
+    }
+
     /// Counts the loss `cause` in the metrics and logs it at warn, once
     /// per hold, when it reaches the holder (its body stopped, its release,
     /// its guard dropped). Called inside the hold's span where there is one

@@ -6,6 +6,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod cohort;
+mod extend;
 pub(crate) mod guard;
 pub(crate) mod hold;
 pub(crate) mod holders;
