@@ -63,6 +63,7 @@ pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
+pub use observe::{set_metric_prefix, DEFAULT_METRIC_PREFIX};
 /// The `redis` crate this one is built on, re-exported so that
 /// [`LockError::Redis`]'s `source` (a [`redis::RedisError`]) can be named
 /// without a `redis` dependency of your own, at the same version.

@@ -85,7 +85,7 @@ impl LostCause {
         }
     }
 
-    /// The `cause` label of the `lock_lost_total` metric.
+    /// The `cause` label of the `distributed_lock_lost_total` metric.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
         match self {

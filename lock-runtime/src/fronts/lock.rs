@@ -60,7 +60,8 @@ impl Lock {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
     /// The `lock` label of the metrics of a lock given no
-    /// [`metric_label`](Lock::metric_label): `unlabelled`, one series for
+    /// [`metric_label`](Lock::metric_label) nor [`caller`](Lock::caller)
+    /// (which labels it when there is no `metric_label`): `unlabelled`, one series for
     /// all such locks, whatever their names (a label made from names would
     /// make one series per id).
     pub const DEFAULT_METRIC_LABEL: &'static str = crate::observe::DEFAULT_METRIC_LABEL;
@@ -244,9 +245,10 @@ impl Lock {
     /// the *kind* of lock, never one of its ids, so that the label has a
     /// bounded set of values: `Lock::new(format!("order:{id}"))
     /// .metric_label("order:<id>")`. `#[distributed_lock]` labels its locks
-    /// with their key as written (`order:<id>`). Default:
-    /// [`Lock::DEFAULT_METRIC_LABEL`], one series for every lock not given
-    /// a label.
+    /// with their key as written (`order:<id>`). Default: the
+    /// [`caller`](Lock::caller) when one is given, else
+    /// [`Lock::DEFAULT_METRIC_LABEL`], one series for every lock given
+    /// neither.
     pub fn metric_label(mut self, label: impl Into<Cow<'static, str>>) -> Self {
         self.metric_label = Some(label.into());
         self
@@ -267,10 +269,12 @@ impl Lock {
         &self.name
     }
 
-    /// The `lock` label of its metrics.
+    /// The `lock` label of its metrics: its `metric_label`, else its
+    /// `caller`, else [`Lock::DEFAULT_METRIC_LABEL`].
     pub(crate) fn label(&self) -> &str {
         self.metric_label
             .as_deref()
+            .or(self.caller.as_deref())
             .unwrap_or(Self::DEFAULT_METRIC_LABEL)
     }
 
@@ -326,7 +330,7 @@ impl Lock {
         let (waited, outcome) = (started.elapsed(), acquire_outcome(&result));
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
-        crate::observe::acquisition(self.label(), outcome, waited);
+        crate::observe::acquisition(self.label(), outcome, waited, 1);
         if let (Ok(guard), false) = (&result, span.is_disabled()) {
             span.record(
                 "lock.holder",

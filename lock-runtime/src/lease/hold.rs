@@ -130,6 +130,14 @@ pub(crate) struct Hold {
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
+    /// Counted in the held gauge (from `taken_by` until released or lost).
+    counted_held: AtomicBool,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.stop_holding();
+    }
 }
 
 impl Hold {
@@ -180,6 +188,7 @@ impl Hold {
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
             site: OnceLock::new(),
+            counted_held: AtomicBool::new(false),
         })
     }
 
@@ -193,13 +202,26 @@ impl Hold {
         if self.site.get().is_some() {
             return;
         }
-        let _ = self.site.set(Site {
+        let set = self.site.set(Site {
             label: label
+                .or(caller)
                 .cloned()
                 .unwrap_or(Cow::Borrowed(DEFAULT_METRIC_LABEL)),
             caller: caller.cloned(),
             _registered: self.core.holders().register(self),
         });
+        if set.is_ok() && self.reported_loss().is_none() {
+            self.counted_held.store(true, Ordering::Release);
+            crate::observe::holding(self.label(), true);
+        }
+    }
+
+    /// The hold is no longer held (released, dropped or lost): out of the
+    /// held gauge, once.
+    fn stop_holding(&self) {
+        if self.counted_held.swap(false, Ordering::AcqRel) {
+            crate::observe::holding(self.label(), false);
+        }
     }
 
     /// The fencing token its holder uses: its own, or its set's (see
@@ -350,6 +372,7 @@ impl Hold {
         if first {
             tracing::debug!(lock = %self.name(), cause = %cause, "lock lost; the holder is told");
         }
+        self.stop_holding();
         self.wake();
     }
 
@@ -369,6 +392,7 @@ impl Hold {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        self.stop_holding();
         self.wake();
     }
 
