@@ -340,6 +340,19 @@ impl Hold {
     /// look for names the lock, the cause and, for a refused renewal,
     /// Redis's answer.
     pub(crate) fn count_loss(&self, cause: LostCause) {
+        self.count_loss_as(cause, "");
+    }
+
+    /// [`count_loss`](Hold::count_loss) for a body that runs on
+    /// (`OnLost::Continue`), logged as soon as the loss is seen.
+    pub(crate) fn count_loss_running_on(&self, cause: LostCause) {
+        self.count_loss_as(
+            cause,
+            "; the body runs on (on_lost = continue): another holder may run beside it from now",
+        );
+    }
+
+    fn count_loss_as(&self, cause: LostCause, note: &str) {
         if self.loss_counted.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -351,11 +364,11 @@ impl Hold {
         match self.refusal.get() {
             Some(refusal) => tracing::warn!(
                 lock = %self.name(), cause = cause.label(), error = %refusal,
-                "lock lost: {cause}"
+                "lock lost: {cause}{note}"
             ),
             None => tracing::warn!(
                 lock = %self.name(), cause = cause.label(),
-                "lock lost: {cause}"
+                "lock lost: {cause}{note}"
             ),
         }
     }

@@ -57,6 +57,25 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     }
 }
 
+/// After a release that kept the key (`hold_at_least`): keeps `hold`, and
+/// so its entry in its client's holder record, for as long as the key is
+/// kept, so that `lockctl show` names the process that ran the job while
+/// the key lives (a hold released before it was recorded, under a second,
+/// gets recorded meanwhile). Nothing when nothing is kept.
+pub(crate) fn keep_recorded(hold: Arc<Hold>) {
+    let keep = hold.keep_for();
+    if keep.is_zero() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::time::sleep(keep).await;
+        drop(hold);
+    });
+}
+
 /// The first pause between background release attempts, doubled up to
 /// [`MAX_RELEASE_PAUSE`].
 pub(crate) const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
@@ -85,12 +104,15 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
         let mut failures = 0u32;
         loop {
             match release(&hold, may_have_run).await {
-                Ok(()) | Err(LockError::Lost { .. }) => {
+                result @ (Ok(()) | Err(LockError::Lost { .. })) => {
                     if failures > 0 {
                         tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
                     }
                     if hold.linger() {
                         linger(&hold, until).await;
+                    }
+                    if result.is_ok() {
+                        keep_recorded(hold);
                     }
                     return;
                 }
