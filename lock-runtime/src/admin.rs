@@ -366,11 +366,15 @@ impl Client {
             Ok(found) => found,
             // Named by the lock names asked for, not the key pattern.
             Err(LockError::Redis {
-                operation, source, ..
+                operation,
+                server,
+                source,
+                ..
             }) => {
                 return Err(LockError::Redis {
                     name: format!("{prefix}*"),
                     operation,
+                    server,
                     source,
                 })
             }

@@ -10,6 +10,8 @@ use redis::AsyncConnectionConfig;
 mod from_redis;
 mod sentinel;
 
+pub(crate) use from_redis::connection_url;
+
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};
 use crate::backend::{Notifier, NotifyTransport as Transport};
 use crate::error::{ConfigError, LockError};
@@ -528,7 +530,10 @@ impl Config {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(
                     option,
-                    format!("{timeout:?} is out of range: give it from 1 ms to an hour"),
+                    format!(
+                        "{} is out of range: give it from 1 ms to an hour",
+                        crate::error::Readable(timeout)
+                    ),
                 ));
             }
         }
@@ -561,9 +566,10 @@ impl Config {
                 return Err(invalid(
                     "acknowledged",
                     format!(
-                        "a timeout of {timeout:?} must be at least 1 ms and shorter than the \
-                         response timeout ({:?}): each call waits for it",
-                        self.response_timeout
+                        "a timeout of {} must be at least 1 ms and shorter than the \
+                         response timeout ({}): each call waits for it",
+                        crate::error::Readable(timeout),
+                        crate::error::Readable(self.response_timeout)
                     ),
                 ));
             }
@@ -1009,6 +1015,28 @@ fn parse_node_url(
     certificates_need_tls: bool,
 ) -> Result<redis::Client, LockError> {
     let scheme = url.split("://").next().unwrap_or_default();
+    if url.contains("://")
+        && !ACCEPTED_SCHEMES
+            .iter()
+            .any(|s| scheme.eq_ignore_ascii_case(s))
+    {
+        let hint = if scheme.to_ascii_lowercase().contains("sentinel") {
+            " (for Redis Sentinel write `redis-sentinel://host1:26379,host2:26379/<master name>`, \
+             or use Config::sentinel)"
+        } else {
+            ""
+        };
+        return Err(ConfigError::InvalidUrl {
+            url: redact_url(url),
+            reason: format!(
+                "its scheme `{scheme}` is not one this library takes{hint}; the schemes it takes \
+                 are {}",
+                ACCEPTED_SCHEMES.join(", ")
+            ),
+            expected: EXPECTED_URL,
+        }
+        .into());
+    }
     let uses_tls = scheme.eq_ignore_ascii_case("rediss");
     if uses_tls && !tls::BUILT_IN {
         return Err(ConfigError::TlsNotBuiltIn {
@@ -1062,6 +1090,21 @@ fn parse_node_url(
     }
     redis::Client::open(url).map_err(invalid)
 }
+
+/// Every URL scheme [`Config::new`] takes (the `-cluster`, `-quorum` and
+/// `-sentinel` ones are split into node URLs before [`parse_node_url`]).
+const ACCEPTED_SCHEMES: [&str; 10] = [
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-quorum",
+    "rediss-quorum",
+    "redis-sentinel",
+    "rediss-sentinel",
+];
 
 /// The URL forms a [`ConfigError::InvalidUrl`] names.
 const EXPECTED_URL: &str = "redis://[user:password@]host[:port][/db], rediss://... for TLS, \

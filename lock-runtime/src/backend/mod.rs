@@ -35,7 +35,7 @@ pub(crate) use notify::{wait_for, Notifier, Subscription, Transport as NotifyTra
 pub(crate) use quorum::QuorumBackend;
 pub(crate) use redis_backend::RedisBackend;
 pub(crate) use script_errors::{is_refusal, is_script_error};
-pub(crate) use sentinel::{is_no_primary, Sentinels};
+pub(crate) use sentinel::{is_no_primary, is_unknown_master, Sentinels};
 
 /// Which primitive a lock is: its keys, its scripts, what its holders share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,13 +42,17 @@ pub(crate) struct RedisBackend {
     cluster: bool,
     /// The ACL refused a message to waiters: said once (see [`told`]).
     publish_refused: AtomicBool,
+    /// Where the calls go, its password masked: named by its errors.
+    server: Box<str>,
 }
 
 impl RedisBackend {
     pub(crate) fn new(target: Target, deadline: Duration, ack: Option<Ack>) -> RedisBackend {
         let cluster = matches!(target, Target::Cluster(..));
+        let server = target.describe().into_boxed_str();
         let target_for_pool = target.clone();
         RedisBackend {
+            server,
             connection: Connection::new(target, deadline),
             ack_pool: ack.map(|_| AckPool::new(target_for_pool)),
             ack,
@@ -132,7 +136,7 @@ impl RedisBackend {
                 }))
             })
             .await
-            .map_err(|source| LockError::redis(name, operation, source))
+            .map_err(|source| LockError::redis_at(name, operation, &self.server, source))
     }
 
     /// The connection for one call: `link`, or in acknowledged mode

@@ -170,6 +170,16 @@ impl Sentinels {
         self.primary_settings.redis_settings().db()
     }
 
+    /// `sentinel mymaster of [h1:26379, h2:26379]`, for messages.
+    pub(crate) fn describe(&self) -> String {
+        let nodes: Vec<&str> = self
+            .nodes
+            .iter()
+            .map(|node| node.address.as_str())
+            .collect();
+        format!("sentinel {} of [{}]", self.master, nodes.join(", "))
+    }
+
     /// The settings a connection to a data node is opened with.
     pub(crate) fn connection_config(&self) -> &AsyncConnectionConfig {
         &self.connection_config
@@ -296,6 +306,7 @@ impl Sentinels {
             master: self.master.clone(),
             reports: vec!["the primary kept changing while it was looked up".to_owned()],
             login_refused: false,
+            unknown_master: false,
         }
         .into())
     }
@@ -376,6 +387,8 @@ impl Sentinels {
         // Refusals of the login: when everyone refused it, the error says
         // so and is not retried.
         let mut logins_refused = 0;
+        // Sentinels that monitor no master of this name.
+        let mut unknown = 0;
         // Once a majority answered, the others are given a moment more.
         let mut until: Option<tokio::time::Instant> = None;
         loop {
@@ -396,6 +409,7 @@ impl Sentinels {
                 }
                 Some((node, Err(refusal))) => {
                     logins_refused += usize::from(refusal.login);
+                    unknown += usize::from(refusal.unknown_master);
                     reports.push(format!("sentinel {} {}", node.address, refusal.why));
                 }
             }
@@ -458,6 +472,7 @@ impl Sentinels {
             master: self.master.clone(),
             reports: all,
             login_refused,
+            unknown_master: named.is_empty() && unknown >= majority,
         }
         .into())
     }
@@ -511,12 +526,12 @@ impl Sentinels {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .take();
                 return Err(Refusal::other(format!(
-                    "did not answer within {:?}",
-                    self.deadline
+                    "did not answer within {}",
+                    crate::error::Readable(self.deadline)
                 )));
             }
             Err(error) if error.to_string().contains("No such master") => {
-                return Err(Refusal::other(format!(
+                return Err(Refusal::unknown_master(format!(
                     "does not monitor a master named `{}`",
                     self.master
                 )))
@@ -638,17 +653,39 @@ struct Refusal {
     why: String,
     /// It refused the login (wrong user or password).
     login: bool,
+    /// The sentinel monitors no master of the name asked for.
+    unknown_master: bool,
 }
 
 impl Refusal {
     fn login(why: String) -> Refusal {
-        Refusal { why, login: true }
+        Refusal {
+            why,
+            login: true,
+            unknown_master: false,
+        }
     }
 
     fn other(why: String) -> Refusal {
-        Refusal { why, login: false }
+        Refusal {
+            why,
+            login: false,
+            unknown_master: false,
+        }
+    }
+
+    fn unknown_master(why: String) -> Refusal {
+        Refusal {
+            why,
+            login: false,
+            unknown_master: true,
+        }
     }
 }
+
+/// What the error of a master name no sentinel monitors says first: a
+/// misspelt name, not a failover (`is_unknown_master`).
+const UNKNOWN_MASTER: &str = "Redis Sentinel: no sentinel monitors a master of this name";
 
 /// No sentinel named a primary that answers as one: what each said.
 #[derive(Debug)]
@@ -658,6 +695,9 @@ pub(crate) struct NoPrimary {
     /// Every sentinel refused the login, or every primary named did: a
     /// configuration mistake, not retried.
     login_refused: bool,
+    /// A majority of the sentinels answered that they monitor no master of
+    /// this name and none named one: a misspelt name, not retried.
+    unknown_master: bool,
 }
 
 impl fmt::Display for NoPrimary {
@@ -678,6 +718,13 @@ impl From<NoPrimary> for RedisError {
     /// that cannot be reached is) that keeps the reports; an
     /// authentication failure (not retried) when every login was refused.
     fn from(error: NoPrimary) -> RedisError {
+        if error.unknown_master {
+            return RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                UNKNOWN_MASTER,
+                error.to_string(),
+            ));
+        }
         if error.login_refused {
             return RedisError::from((
                 redis::ErrorKind::AuthenticationFailed,
@@ -687,6 +734,12 @@ impl From<NoPrimary> for RedisError {
         }
         std::io::Error::new(std::io::ErrorKind::NotConnected, error).into()
     }
+}
+
+/// Whether `error` says that no sentinel monitors the master name (for its
+/// advice: check the name).
+pub(crate) fn is_unknown_master(error: &RedisError) -> bool {
+    error.to_string().contains(UNKNOWN_MASTER)
 }
 
 /// Whether `error` is a [`NoPrimary`] (for its advice).
@@ -841,6 +894,7 @@ mod tests {
                 "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
             ],
             login_refused: false,
+            unknown_master: false,
         }
         .into();
         assert!(is_no_primary(&error));
@@ -860,10 +914,28 @@ mod tests {
             master: "mymaster".to_owned(),
             reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
             login_refused: true,
+            unknown_master: false,
         }
         .into();
         assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
         assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
+        assert!(!super::super::retryable(&error));
+    }
+
+    #[test]
+    fn a_master_name_no_sentinel_monitors_is_not_retried() {
+        let error: RedisError = NoPrimary {
+            master: "mymastr".to_owned(),
+            reports: vec![
+                "sentinel 10.0.0.1:26379 does not monitor a master named `mymastr`".to_owned(),
+            ],
+            login_refused: false,
+            unknown_master: true,
+        }
+        .into();
+        assert!(is_unknown_master(&error), "{error}");
+        assert!(!is_no_primary(&error));
+        assert!(error.to_string().contains("`mymastr`"), "{error}");
         assert!(!super::super::retryable(&error));
     }
 }

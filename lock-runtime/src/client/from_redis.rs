@@ -66,7 +66,7 @@ impl From<ConnectionInfo> for Config {
 }
 
 /// The URL of `info`, user and password percent-encoded.
-fn connection_url(info: &ConnectionInfo) -> String {
+pub(crate) fn connection_url(info: &ConnectionInfo) -> String {
     let settings = info.redis_settings();
     let user = settings.username().map(encode);
     let password = settings.password().map(encode);

@@ -331,6 +331,16 @@ impl Lock {
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
         crate::observe::acquisition(self.label(), outcome, waited, 1);
+        // A scheduled job's lock (`hold_at_least`) found busy may be kept,
+        // not held: said so (one more read, on this path alone).
+        let result = match result {
+            Err(LockError::Busy { name })
+                if self.hold_at_least.is_some() && self.kind == Kind::Exclusive =>
+            {
+                Err(self.busy_or_kept(name).await)
+            }
+            result => result,
+        };
         if let (Ok(guard), false) = (&result, span.is_disabled()) {
             span.record(
                 "lock.holder",
@@ -341,6 +351,17 @@ impl Lock {
             }
         }
         result
+    }
+
+    /// `Busy`, or `Kept` when the key is a kept one (`kept:<token>`).
+    async fn busy_or_kept(&self, name: String) -> LockError {
+        match self.holder().await {
+            Ok(Some(holder)) if holder.kept => LockError::Kept {
+                name,
+                remaining: holder.expires_in,
+            },
+            _ => LockError::Busy { name },
+        }
     }
 
     /// `acquire`, for a guard that is a manual one or runs a body.
@@ -548,7 +569,10 @@ impl Lock {
             {
                 Err(invalid(
                     option,
-                    format!("{value:?} is out of range: give it from 1 ms to a year (8760 h)"),
+                    format!(
+                        "{} is out of range: give it from 1 ms to a year (8760 h)",
+                        crate::error::Readable(value)
+                    ),
                 ))
             }
             _ => Ok(()),

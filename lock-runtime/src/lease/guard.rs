@@ -369,12 +369,18 @@ impl LockGuard {
                 spawn_release(Arc::clone(&hold), true);
                 result
             }
-            Err(LockError::Redis { name, source, .. }) => {
+            Err(LockError::Redis {
+                name,
+                server,
+                source,
+                ..
+            }) => {
                 // Still ours, maybe: keep trying while it could be held.
                 spawn_release(hold, true);
                 Err(LockError::Redis {
                     name,
                     operation: "release (retried in the background until the lock's ttl passes)",
+                    server,
                     source,
                 })
             }

@@ -237,6 +237,13 @@ impl Hold {
         self.set_fence.fetch_max(token, Ordering::AcqRel);
     }
 
+    /// Whether a holder was ever given this hold (a guard made for it). The
+    /// hold of an acquisition whose outcome stayed unknown, released in the
+    /// background after its caller was told it failed, never was.
+    pub(crate) fn was_handed_out(&self) -> bool {
+        self.site.get().is_some()
+    }
+
     /// The `lock` label of its metrics (`Lock::metric_label`).
     pub(crate) fn label(&self) -> &str {
         self.site

@@ -105,8 +105,15 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
         loop {
             match release(&hold, may_have_run).await {
                 result @ (Ok(()) | Err(LockError::Lost { .. })) => {
-                    if failures > 0 {
+                    if failures > 0 && hold.was_handed_out() {
                         tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
+                    } else if failures > 0 {
+                        // An acquisition whose caller was told it failed:
+                        // nobody held this lock, so no line says it was released.
+                        tracing::debug!(
+                            lock = %hold.name(), failures,
+                            "a failed acquisition's possible lock cleared after failed attempts"
+                        );
                     }
                     if hold.linger() {
                         linger(&hold, until).await;
@@ -120,12 +127,24 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
                     failures += 1;
                     may_have_run = true;
                     if Instant::now() + pause >= until {
-                        tracing::warn!(
-                            lock = %hold.name(), %error, failures,
-                            "release failed and is given up: the lock frees itself when its ttl passes"
-                        );
+                        if hold.was_handed_out() {
+                            tracing::warn!(
+                                lock = %hold.name(), %error, failures,
+                                "release failed and is given up: the lock frees itself when its ttl passes"
+                            );
+                        } else {
+                            tracing::warn!(
+                                lock = %hold.name(), %error, failures,
+                                "an acquisition that failed may have taken the lock for nobody; \
+                                 clearing it failed and is given up: it frees itself when its ttl passes"
+                            );
+                        }
                         return;
                     }
+                    tracing::debug!(
+                        lock = %hold.name(), %error, failures,
+                        "background release failed; tried again"
+                    );
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_RELEASE_PAUSE);
                 }
