@@ -290,3 +290,20 @@ async fn a_config_from_a_redis_connection_info_locks_on_that_server() {
         .unwrap();
     assert!(!exists);
 }
+
+/// The servers these tests start are the binary `REDIS_SERVER` names
+/// (test-support): under the test command's Valkey matrix, valkey-server.
+#[test]
+fn the_server_started_is_the_one_named() {
+    let server = RedisServer::start();
+    let info = redis(&server, &["INFO", "server"]);
+    let named = std::env::var_os(test_support::REDIS_SERVER_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "redis-server".into());
+    let version = std::process::Command::new(&named)
+        .arg("--version")
+        .output()
+        .expect("the server binary runs");
+    let valkey = String::from_utf8_lossy(&version.stdout).starts_with("Valkey");
+    assert_eq!(info.contains("valkey_version:"), valkey, "{info}");
+}
