@@ -11,7 +11,15 @@
 //!   path, `crate::guide::...`): a relative file link would be dead on
 //!   docs.rs.
 //!
-//! No network: links to `http(s)://` addresses are not followed.
+//! - A link by the repository's address (`[repository]/blob/main/docs/design.md`,
+//!   the `repository` of the workspace's Cargo.toml) names a file of this
+//!   work tree, checked as a relative link is: that is how the files rustdoc
+//!   shows reach what docs.rs does not carry.
+//! - The files rustdoc shows name no repository-only file (`docs/*.md`,
+//!   `tests/...`, `CONTRIBUTING.md`) but as the text of a link: a docs.rs
+//!   reader can open the link, not the path.
+//!
+//! No network: links to other `http(s)://` addresses are not followed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -181,6 +189,77 @@ fn is_external_or_item(target: &str) -> bool {
         || target.starts_with("crate#")
 }
 
+/// The workspace's `repository` address (`[workspace.package]`).
+fn repository() -> String {
+    let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).expect("Cargo.toml");
+    manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("repository = "))
+        .map(|value| value.trim().trim_matches('"').to_owned())
+        .expect("a repository address in the workspace's Cargo.toml")
+}
+
+/// `[repository]/blob/main/<path>` (or `tree/main`) as a path from the
+/// workspace's root, with its `#fragment`; `None` for any other target.
+fn in_repository(target: &str, repository: &str) -> Option<String> {
+    let rest = target.strip_prefix(repository)?;
+    rest.strip_prefix("/blob/main/")
+        .or_else(|| rest.strip_prefix("/tree/main/"))
+        .map(str::to_owned)
+}
+
+/// Mentions of repository-only files outside link text in a file rustdoc
+/// shows: `docs/design.md`, `tests/x.rs`, `CONTRIBUTING.md` as plain text or
+/// code. One line each, `file:line: mention`.
+fn unreachable_mentions(shown: &str, text: &str) -> Vec<String> {
+    const NAMES: [&str; 4] = [
+        "docs/design.md",
+        "docs/benchmarks.md",
+        "CONTRIBUTING.md",
+        "tests/",
+    ];
+    let mut found = Vec::new();
+    let mut fenced = false;
+    for (index, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        // Link definitions carry the address, not text.
+        if fenced || (trimmed.starts_with('[') && trimmed.contains("]:")) {
+            continue;
+        }
+        for name in NAMES {
+            let mut from = 0;
+            while let Some(at) = line[from..].find(name).map(|i| from + i) {
+                from = at + name.len();
+                // Inside a link's address: `(https://.../tests/x.rs)`.
+                let before = &line[..at];
+                let in_address = before
+                    .rfind("](")
+                    .is_some_and(|open| !before[open..].contains(')'));
+                // Inside link text: an unclosed `[` before, and the `]` after
+                // it followed by `(` or `[`.
+                let in_text = before.rfind('[').is_some_and(|open| {
+                    !before[open..].contains(']')
+                        && line[at..].find(']').is_some_and(|close| {
+                            matches!(line.as_bytes().get(at + close + 1), Some(b'(' | b'['))
+                        })
+                });
+                if !in_address && !in_text {
+                    found.push(format!(
+                        "{shown}:{}: `{name}` named as text: a docs.rs reader cannot open it; \
+                         link it by the repository's address",
+                        index + 1
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -212,6 +291,7 @@ fn read(pages: &mut BTreeMap<PathBuf, Page>, path: &Path) -> Option<PathBuf> {
 /// are also shown by rustdoc, with `rustdoc_links`' definitions first.
 fn problems(files: &[PathBuf], rustdoc_files: &[PathBuf], rustdoc_links: &Page) -> Vec<String> {
     let root = workspace();
+    let repository = repository();
     let mut pages: BTreeMap<PathBuf, Page> = BTreeMap::new();
     for file in files {
         read(&mut pages, file).unwrap_or_else(|| panic!("{} is not readable", file.display()));
@@ -227,6 +307,10 @@ fn problems(files: &[PathBuf], rustdoc_files: &[PathBuf], rustdoc_links: &Page) 
         let in_rustdoc = rustdoc_files
             .iter()
             .any(|f| f.canonicalize().ok() == Some(canonical.clone()));
+        if in_rustdoc {
+            let text = std::fs::read_to_string(&canonical).expect("read above");
+            problems.extend(unreachable_mentions(&shown, &text));
+        }
         let links = pages[&canonical].links.clone();
         let definitions = pages[&canonical].definitions.clone();
         let own_anchors = pages[&canonical].anchors.clone();
@@ -255,9 +339,11 @@ fn problems(files: &[PathBuf], rustdoc_files: &[PathBuf], rustdoc_links: &Page) 
                     }
                 }
                 Link::Inline { line, target } | Link::Definition { line, target } => {
-                    if is_external_or_item(&target) || target.is_empty() {
+                    let by_address = in_repository(&target, &repository);
+                    if (by_address.is_none() && is_external_or_item(&target)) || target.is_empty() {
                         continue;
                     }
+                    let target = by_address.clone().unwrap_or(target);
                     let (path, fragment) = match target.split_once('#') {
                         Some((path, fragment)) => (path, Some(fragment)),
                         None => (target.as_str(), None),
@@ -265,13 +351,20 @@ fn problems(files: &[PathBuf], rustdoc_files: &[PathBuf], rustdoc_links: &Page) 
                     let anchors = if path.is_empty() {
                         own_anchors.clone()
                     } else {
-                        if in_rustdoc && !is_definition {
+                        if in_rustdoc && !is_definition && by_address.is_none() {
                             problems.push(format!(
                                 "{shown}:{line}: `{target}` is a link to a file, dead on docs.rs: \
                                  write a reference defined in guide/links.md"
                             ));
                         }
-                        let resolved = canonical.parent().expect("a file's directory").join(path);
+                        let base = match by_address {
+                            Some(_) => root.clone(),
+                            None => canonical
+                                .parent()
+                                .expect("a file's directory")
+                                .to_path_buf(),
+                        };
+                        let resolved = base.join(path);
                         if !resolved.exists() {
                             problems.push(format!("{shown}:{line}: `{target}`: no such file"));
                             continue;
@@ -395,4 +488,64 @@ fn the_checker_finds_dead_links() {
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(found[0].contains("dead on docs.rs"), "{found:#?}");
     std::fs::remove_dir_all(&directory).unwrap();
+}
+
+/// The crate's front page (`lock-runtime/README.md`, which the package
+/// carries and `src/lib.rs` includes) is the repository's README.
+#[test]
+fn the_crate_front_page_is_the_readme() {
+    let root = workspace();
+    let front = root.join("lock-runtime/README.md");
+    assert_eq!(
+        std::fs::read_to_string(&front).expect("lock-runtime/README.md"),
+        std::fs::read_to_string(root.join("README.md")).expect("README.md"),
+        "lock-runtime/README.md must be the repository's README.md (a link to it)"
+    );
+}
+
+/// Repository-only files named as text in a page rustdoc shows, and links
+/// by the repository's address to files that do not exist, are found.
+#[test]
+fn the_checker_finds_unreachable_mentions_and_dead_addresses() {
+    let repository = repository();
+    let found = unreachable_mentions(
+        "page.md",
+        &format!(
+            "see `docs/design.md` §2 and tests/acl.rs\n\
+             [`docs/design.md`]({repository}/blob/main/docs/design.md) §2\n\
+             [the design][design] and [`tests/ui/`]({repository}/tree/main/tests/ui/)\n\
+             ```\ntests/in_code.rs\n```\n\
+             [design]: {repository}/blob/main/docs/design.md\n"
+        ),
+    );
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].contains("page.md:1: `docs/design.md`"),
+        "{found:#?}"
+    );
+    assert!(found[1].contains("page.md:1: `tests/`"), "{found:#?}");
+
+    let directory = std::env::temp_dir().join(format!("doc-addresses-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let page = directory.join("page.md");
+    std::fs::write(
+        &page,
+        format!(
+            "# Page\n\n[ok]({repository}/blob/main/docs/design.md#2-redis-operations) \
+             [dead]({repository}/blob/main/docs/nothing.md) \
+             [bad anchor]({repository}/blob/main/docs/design.md#nothing)\n"
+        ),
+    )
+    .unwrap();
+    let found = problems(std::slice::from_ref(&page), &[], &Page::default());
+    std::fs::remove_dir_all(&directory).unwrap();
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].contains("docs/nothing.md`: no such file"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].contains("no heading with the anchor `#nothing`"),
+        "{found:#?}"
+    );
 }

@@ -141,6 +141,48 @@ async fn a_renewed_lock_force_released_while_valid_is_deleted_not_expired() {
 /// Another holder's token put in the key while the holder's validity had
 /// time: replaced, not taken over. For a renewed lock (found by a renewal)
 /// and a plain one (found by its release).
+/// `on_lost = "continue"` (`OnLost::Continue`): the loss is logged once, at
+/// warn, in the `lock.hold` span, when the renewal sees it, while the body
+/// still runs (it runs on, and returns its value), not when it ends.
+#[tokio::test(flavor = "current_thread")]
+async fn a_loss_under_continue_is_logged_when_seen_while_the_body_runs() {
+    let output = Output::default();
+    let _default = fmt_into(&output, false);
+    let server = RedisServer::start();
+    let client = client(&server);
+    let operator = client.clone();
+    let seen = output.clone();
+    let result = Lock::new("rebalance:3")
+        .ttl(TTL)
+        .renew()
+        .on_lost(lock_runtime::OnLost::Continue)
+        .client(client.clone())
+        .run(async move {
+            operator
+                .force_release("rebalance:3", LockKind::Exclusive)
+                .await
+                .unwrap();
+            // The body goes on; the line comes with the renewal that finds
+            // the key gone (a third of the ttl in), before the body ends.
+            wait_until_async("the loss is logged", LINE_TIMEOUT, || {
+                seen.warns().iter().any(|line| line.contains("lock lost"))
+            })
+            .await;
+            "moved"
+        })
+        .await;
+    assert_eq!(result.unwrap(), "moved");
+    let losses: Vec<String> = output
+        .warns()
+        .into_iter()
+        .filter(|line| line.contains("lock lost"))
+        .collect();
+    assert_eq!(losses.len(), 1, "one warn per loss:\n{}", output.text());
+    for expected in ["lock.hold{", "rebalance:3", "cause=\"deleted\"", "runs on"] {
+        assert!(losses[0].contains(expected), "{expected}: {}", losses[0]);
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_key_replaced_while_valid_is_replaced_not_taken_over() {
     let output = Output::default();
@@ -310,7 +352,8 @@ async fn the_hold_span_records_how_the_hold_ended() {
     assert!(lost.contains("lost") && lost.contains("deleted"), "{lost}");
 }
 
-/// `lock_lost_total` is labelled by the true cause.
+/// `distributed_lock_lost_total` is labelled by the true cause (every other
+/// cause's series is there, at zero, from the template's first use).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loss_metric_is_labelled_by_the_true_cause() {
     let recorder = DebuggingRecorder::new();
@@ -333,7 +376,7 @@ async fn the_loss_metric_is_labelled_by_the_true_cause() {
         .snapshot()
         .into_vec()
         .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == "lock_lost_total")
+        .filter(|(key, _, _, _)| key.key().name() == "distributed_lock_lost_total")
         .filter(|(key, _, _, _)| {
             key.key()
                 .labels()
@@ -351,6 +394,11 @@ async fn the_loss_metric_is_labelled_by_the_true_cause() {
             };
             (cause, count)
         })
+        .collect();
+    assert_eq!(counted.len(), 9, "every cause's series: {counted:?}");
+    let counted: Vec<_> = counted
+        .into_iter()
+        .filter(|(_, count)| *count > 0)
         .collect();
     assert_eq!(counted, [("deleted".to_owned(), 1)]);
 }

@@ -7,6 +7,7 @@ use syn::spanned::Spanned;
 use syn::{ItemFn, LitStr};
 
 use crate::args::{ArgsParser, LockArgs, LockKind};
+use crate::boxed_future;
 use crate::key_template::parse_key;
 use crate::return_kind::check_return_type;
 
@@ -52,13 +53,22 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
         sig,
         block,
     } = function;
-    if sig.asyncness.is_none() {
-        return Err(syn::Error::new(
-            sig.fn_token.span(),
+    // An `async fn` rewritten by an attribute that ran first (`#[async_trait]`
+    // on the impl): the key and return type are read from the signature as
+    // written, and the lock is held around the future it returns.
+    let boxed = boxed_future::recognize(sig, block);
+    if sig.asyncness.is_none() && boxed.is_none() {
+        let message = if boxed_future::returns_future(sig) {
+            "#[distributed_lock] on a function returning a future needs an async block as its \
+             last expression (`async move { .. }` or `Box::pin(async move { .. })`, as \
+             `#[async_trait]` writes them), to hold the lock around: write `async fn`"
+        } else {
             "#[distributed_lock] needs an `async fn`: write `async fn` (the lock is taken and \
-             released with async Redis calls)",
-        ));
+             released with async Redis calls)"
+        };
+        return Err(syn::Error::new(sig.fn_token.span(), message));
     }
+    let sig = boxed.as_ref().map_or(sig, |boxed| &boxed.written);
     check_return_type(&sig.output)?;
     let key = parse_key(&args.key, sig)?;
 
@@ -189,18 +199,55 @@ fn rewrite(args: LockArgs, function: &ItemFn) -> syn::Result<TokenStream> {
     let (inner, outer): (Vec<_>, Vec<_>) = attrs
         .iter()
         .partition(|attr| matches!(attr.style, syn::AttrStyle::Inner(_)));
+    let caller = quote!(::core::concat!(::core::module_path!(), "::", #name));
+    let Some(boxed) = boxed else {
+        let sig = &function.sig;
+        return Ok(quote! {
+            #(#outer)*
+            #vis #sig {
+                #(#inner)*
+                #run(
+                    #lock,
+                    #caller,
+                    #template,
+                    async move #block,
+                    #not_acquired,
+                )
+                .await
+            }
+        });
+    };
+    // The function as it came, its future now the body of one that holds
+    // the lock. The lock is built in that outer future from the parameters
+    // (the names of destructured ones borrowed back from `__argN`), before
+    // the inner future takes them.
+    let original = &function.sig;
+    let boxed_future::BoxedFuture {
+        before,
+        pin,
+        future,
+        bindings,
+        ..
+    } = boxed;
+    let capture = &future.capture;
+    if !bindings.is_empty() {
+        lock = quote!({ #(#bindings)* #lock });
+    }
+    let held = quote! {
+        async #capture {
+            #run(#lock, #caller, #template, #future, #not_acquired).await
+        }
+    };
+    let last = match pin {
+        Some(pin) => quote!(#pin(#held)),
+        None => held,
+    };
     Ok(quote! {
         #(#outer)*
-        #vis #sig {
+        #vis #original {
             #(#inner)*
-            #run(
-                #lock,
-                ::core::concat!(::core::module_path!(), "::", #name),
-                #template,
-                async move #block,
-                #not_acquired,
-            )
-            .await
+            #(#before)*
+            #last
         }
     })
 }
@@ -394,6 +441,56 @@ mod tests {
             quote! {
                 async fn export(app: &App) -> Option<usize> {
                     app.run_export().await
+                }
+            },
+        );
+        insta::assert_snapshot!(pretty(expanded));
+    }
+
+    /// What `#[async_trait]` made of `async fn settle(&self, (shop, id): (u32,
+    /// u64)) -> Result<Receipt, Status>` before this attribute ran: the lock
+    /// is held around the future it returns, built from the parameters as
+    /// written (`self`, and the destructured names borrowed back).
+    #[test]
+    fn under_async_trait() {
+        let expanded = super::expand(
+            quote!(
+                key = "order:<self.shard>:<shop>:<id>",
+                wait = "2s",
+                client = self.locks
+            ),
+            quote! {
+                #[allow(clippy::type_complexity)]
+                fn settle<'life0, 'async_trait>(
+                    &'life0 self,
+                    __arg1: (u32, u64),
+                ) -> ::core::pin::Pin<
+                    Box<
+                        dyn ::core::future::Future<Output = Result<Receipt, Status>>
+                            + ::core::marker::Send
+                            + 'async_trait,
+                    >,
+                >
+                where
+                    'life0: 'async_trait,
+                    Self: 'async_trait,
+                {
+                    Box::pin(async move {
+                        if let ::core::option::Option::Some(__ret) =
+                            ::core::option::Option::None::<Result<Receipt, Status>>
+                        {
+                            #[allow(unreachable_code)]
+                            return __ret;
+                        }
+                        let __self = self;
+                        let (shop, id) = {
+                            let __arg1 = __arg1;
+                            __arg1
+                        };
+                        let __ret: Result<Receipt, Status> = { __self.charge(shop, id).await };
+                        #[allow(unreachable_code)]
+                        __ret
+                    })
                 }
             },
         );

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod args;
+mod boxed_future;
 mod duration;
 mod expand;
 mod key_template;
@@ -19,8 +20,9 @@ use proc_macro::TokenStream;
 /// Runs the body of an `async fn` under a Redis distributed lock.
 ///
 /// Use it through `lock_runtime` (`use lock_runtime::distributed_lock;`). It goes on an
-/// `async fn`: a free function, or a method taking `&self`, `&mut self` or `self` (in an `impl`
-/// or a trait impl). The body is kept as written and handed to one runtime function,
+/// `async fn`: a free function, or a method taking `&self`, `&mut self` or `self` (in an `impl`,
+/// a trait impl, or an `#[async_trait]` impl such as a tonic service's, where it holds the lock
+/// around the future async-trait made of the `async fn`). The body is kept as written and handed to one runtime function,
 /// `lock_runtime::__private::run`, which takes the lock, runs the body, and releases it.
 ///
 /// When the lock is not acquired, the body does not run and the function returns

@@ -178,7 +178,7 @@ pub struct Holder {
 
 /// Who holds a lock, as the holder's client wrote it in its holder record
 /// (`<prefix>client:{<client id>}`, written in the background while the
-/// client holds locks; docs/design.md §1).
+/// client holds locks; [design §1](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HolderRecord {
@@ -366,11 +366,15 @@ impl Client {
             Ok(found) => found,
             // Named by the lock names asked for, not the key pattern.
             Err(LockError::Redis {
-                operation, source, ..
+                operation,
+                server,
+                source,
+                ..
             }) => {
                 return Err(LockError::Redis {
                     name: format!("{prefix}*"),
                     operation,
+                    server,
                     source,
                 })
             }

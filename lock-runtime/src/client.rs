@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+mod from_redis;
 mod sentinel;
 
 use crate::backend::{Ack, Backend, QuorumBackend, RedisBackend, Sentinels, Target as CallTarget};
@@ -161,7 +162,7 @@ impl Config {
     }
 
     /// A configuration for a quorum of independent Redis masters (RedLock,
-    /// docs/design.md §13): a lock is held when a majority of them granted
+    /// [design §13](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)): a lock is held when a majority of them granted
     /// it within its validity. An odd number, at least 3 (checked by
     /// [`Client::new`]); URLs as for [`Config::new`]. The URL form
     /// `redis-quorum://[user:password@]host1:port1,host2:port2,host3:port3`
@@ -188,7 +189,7 @@ impl Config {
     /// is checked with `ROLE`, and followed through failovers: a
     /// `+switch-master` from a sentinel, a `READONLY` answer or a lost
     /// connection moves every connection (calls, waiters' subscriptions) to
-    /// the primary they name then, without a restart (docs/design.md §15).
+    /// the primary they name then, without a restart ([design §15](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)).
     ///
     /// The data nodes get their credentials from
     /// [`primary_credentials`](Self::primary_credentials) and use TLS as the
@@ -349,7 +350,7 @@ impl Config {
     /// with [`LockError::NotReplicated`]; a renewal they do not confirm
     /// counts as failed (tried again while the lock is valid). This narrows,
     /// but does not close, the failover window of asynchronous replication
-    /// (docs/design.md §12). `timeout` must be shorter than the response
+    /// ([design §12](https://github.com/lock-runtime/lock-runtime/blob/main/docs/design.md)). `timeout` must be shorter than the response
     /// timeout (each call waits for it). In-process hand-offs between tasks
     /// are off in this mode: every holder acquires through Redis.
     pub fn acknowledged(mut self, replicas: u32, timeout: Duration) -> Self {
@@ -584,7 +585,10 @@ impl Config {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(
                     option,
-                    format!("{timeout:?} is out of range: give it from 1 ms to an hour"),
+                    format!(
+                        "{} is out of range: give it from 1 ms to an hour",
+                        crate::error::Readable(timeout)
+                    ),
                 ));
             }
         }
@@ -617,9 +621,10 @@ impl Config {
                 return Err(invalid(
                     "acknowledged",
                     format!(
-                        "a timeout of {timeout:?} must be at least 1 ms and shorter than the \
-                         response timeout ({:?}): each call waits for it",
-                        self.response_timeout
+                        "a timeout of {} must be at least 1 ms and shorter than the \
+                         response timeout ({}): each call waits for it",
+                        crate::error::Readable(timeout),
+                        crate::error::Readable(self.response_timeout)
                     ),
                 ));
             }
@@ -1093,6 +1098,28 @@ fn parse_node_url(
     certificates_need_tls: bool,
 ) -> Result<redis::Client, LockError> {
     let scheme = url.split("://").next().unwrap_or_default();
+    if url.contains("://")
+        && !ACCEPTED_SCHEMES
+            .iter()
+            .any(|s| scheme.eq_ignore_ascii_case(s))
+    {
+        let hint = if scheme.to_ascii_lowercase().contains("sentinel") {
+            " (for Redis Sentinel write `redis-sentinel://host1:26379,host2:26379/<master name>`, \
+             or use Config::sentinel)"
+        } else {
+            ""
+        };
+        return Err(ConfigError::InvalidUrl {
+            url: redact_url(url),
+            reason: format!(
+                "its scheme `{scheme}` is not one this library takes{hint}; the schemes it takes \
+                 are {}",
+                ACCEPTED_SCHEMES.join(", ")
+            ),
+            expected: EXPECTED_URL,
+        }
+        .into());
+    }
     let uses_tls = scheme.eq_ignore_ascii_case("rediss");
     if uses_tls && !tls::BUILT_IN {
         return Err(ConfigError::TlsNotBuiltIn {
@@ -1146,6 +1173,21 @@ fn parse_node_url(
     }
     redis::Client::open(url).map_err(invalid)
 }
+
+/// Every URL scheme [`Config::new`] takes (the `-cluster`, `-quorum` and
+/// `-sentinel` ones are split into node URLs before [`parse_node_url`]).
+const ACCEPTED_SCHEMES: [&str; 10] = [
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-quorum",
+    "rediss-quorum",
+    "redis-sentinel",
+    "rediss-sentinel",
+];
 
 /// The URL forms a [`ConfigError::InvalidUrl`] names.
 const EXPECTED_URL: &str = "redis://[user:password@]host[:port][/db], rediss://... for TLS, \

@@ -1,9 +1,11 @@
 // The README is the crate's front page: its examples compile as doctests.
+// `lock-runtime/README.md` is a link to the repository's README.md, so that
+// the package carries it (scripts/check-package.sh builds from the package).
 // Its links to the guide are references, defined at its end for the
 // repository and first here, in `guide/links.md`, for rustdoc (the first
 // definition of a label wins).
 #![doc = include_str!("guide/links.md")]
-#![doc = include_str!("../../README.md")]
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs, unreachable_pub, rustdoc::broken_intra_doc_links)]
 
 // Layers, each using only those below it (docs/design.md §10, checked by
@@ -40,6 +42,7 @@ mod redact;
 mod tls;
 mod token;
 mod transport;
+mod url;
 mod wall_clock;
 
 pub mod attribute;
@@ -65,6 +68,7 @@ pub mod __private {
 
 pub use client::{global_client, init, init_with, Client, Config, REDIS_URL_ENV};
 pub use error::{ConfigError, LockError, LostCause};
+pub use fronts::holder::LockHolder;
 pub use fronts::lock::{Lock, MIN_RENEWED_TTL};
 pub use fronts::multi_lock::{MultiGuard, MultiLock};
 pub use fronts::rw_lock::RwLock;
@@ -76,6 +80,7 @@ pub use lease::watch::{current, HeldLock};
 pub use lock_macros::distributed_lock;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
+pub use observe::{set_metric_prefix, DEFAULT_METRIC_PREFIX};
 /// The `redis` crate this one is built on, re-exported so that
 /// [`LockError::Redis`]'s `source` (a [`redis::RedisError`]) can be named
 /// without a `redis` dependency of your own, at the same version.

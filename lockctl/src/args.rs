@@ -47,8 +47,10 @@ redis-quorum://h1:p1,h2:p2,h3:p3 or redis-sentinel://s1:26379,s2:26379,s3:26379/
 Passwords are never printed.
 
 HOLDER is the head of the holder's token; INSTANCE, SINCE and FUNCTION come from the holder's \
-record, which its process keeps in Redis while it holds locks: \"unknown (no record)\" means \
-that process has not written it for a minute (it died or cannot reach Redis).
+record, which its process keeps in Redis while it holds locks (a hold from its first second on; \
+a lock kept by hold_at_least while the key is kept): \"unknown (no record)\" means the lock was \
+taken under a second ago, or its process may not write the record (ACL), or has not written it \
+for a minute (it died or cannot reach Redis); `show` says which apply.
 
 Exit codes: 0 done; 1 failed (Redis unreachable, bad URL, `show` of a lock that is not \
 there, ...); 2 usage error (or release without --force); 3 nothing released (not held, the \

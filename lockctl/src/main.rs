@@ -26,8 +26,9 @@ const NOTHING_RELEASED: u8 = 3;
 struct Failure {
     code: u8,
     message: String,
-    /// A library error, told as what lockctl was doing ([`failure`]).
-    error: Option<LockError>,
+    /// A library error, told as what lockctl was doing ([`failure`])
+    /// (boxed: a `Result` of this stays small).
+    error: Option<Box<LockError>>,
 }
 
 impl Failure {
@@ -42,7 +43,7 @@ impl Failure {
     /// `error` from a call to Redis, to be told as what lockctl was doing.
     fn redis(error: LockError) -> Failure {
         Failure {
-            error: Some(error),
+            error: Some(Box::new(error)),
             ..Failure::new(FAILED, String::new())
         }
     }
@@ -142,7 +143,7 @@ async fn run(global: Global, command: Command) -> Result<(), Failure> {
     run_on(&client, global, command)
         .await
         .map_err(|failure| match failure.error {
-            Some(error) => self::failure(&action, &url, error),
+            Some(error) => self::failure(&action, &url, *error),
             None => failure,
         })
 }

@@ -197,13 +197,22 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
-/// A holder's record as `show` prints it, or [`NO_RECORD`].
-fn record_lines(record: Option<&HolderRecord>, now: SystemTime) -> String {
+/// A holder's record as `show` prints it, or [`NO_RECORD`] with what it
+/// may mean for a holder of this `role`.
+fn record_lines(record: Option<&HolderRecord>, role: &HolderRole, now: SystemTime) -> String {
     let Some(record) = record else {
-        return format!(
-            "    instance: {NO_RECORD}: its process has not written its holder record for a \
-             minute (dead, cut off from Redis, or an older lock-runtime)\n"
-        );
+        let why = if matches!(role, HolderRole::Kept | HolderRole::KeptWriter) {
+            "the lock was released and is kept by hold_at_least; the process that released it \
+             has no holder record now: it ended since (the record goes with its client), it \
+             cannot reach Redis, or it runs an older lock-runtime"
+        } else {
+            "no holder record names this holder's client. Either it took the lock under a \
+             second ago (holds are recorded after a second: run show again), or its Redis user \
+             may not write the record (no `hset`: its process logged a warning), or it runs an \
+             older lock-runtime, or its process has not written the record for a minute (dead, \
+             or cut off from Redis: a record expires 60 s after its last write)"
+        };
+        return format!("    instance: {NO_RECORD}: {why}\n");
     };
     let mut out = String::new();
     let pid = record
@@ -257,7 +266,7 @@ pub fn details(locks: &[LockInfo], now: SystemTime) -> String {
                 let _ = write!(out, "  on {}/{} nodes{majority}", holder.nodes, lock.nodes);
             }
             out.push('\n');
-            out.push_str(&record_lines(holder.record.as_ref(), now));
+            out.push_str(&record_lines(holder.record.as_ref(), &holder.role, now));
         }
         let _ = writeln!(out, "  waiters:  {}", lock.waiters);
         let fence = lock

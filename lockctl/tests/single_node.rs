@@ -535,6 +535,56 @@ async fn a_kept_lock_can_be_ended_early() {
     );
 }
 
+/// A scheduled job's lock, kept by `hold_at_least` after a job that took
+/// 50 ms: `show` names the instance and the function that ran it for as
+/// long as the key is kept (its holder record entry outlives the release
+/// while the key lives), then the entry goes with the key's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lock_shows_who_ran_the_job_while_the_key_lives() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let locks = Client::new(Config::new(url.clone()).instance("reports-7")).unwrap();
+    Lock::new("report:today")
+        .hold_at_least(Duration::from_secs(6))
+        .caller("reports::daily")
+        .client(locks.clone())
+        .run(tokio::time::sleep(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    // The hold is recorded a second after it was taken, though released.
+    let record = format!("lock:client:{{{}}}", locks.id());
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let fields = server.command(&["HLEN", &record]).unwrap();
+        if fields != ":0\r\n" && fields != ":6\r\n" {
+            break; // identity (6 fields) and the hold
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hold is never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let show = lockctl(&url, &["show", "report:today"], "").await;
+    assert!(show.stdout.contains("kept by hold_at_least"), "{show:?}");
+    assert!(show.stdout.contains("instance: reports-7"), "{show:?}");
+    assert!(show.stdout.contains("function: reports::daily"), "{show:?}");
+    assert!(!show.stdout.contains("no record"), "{show:?}");
+    // Once the key's kept time is over, the entry goes too.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while server.command(&["HLEN", &record]).unwrap() != ":0\r\n" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the entry outlives the kept key"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        server.command(&["EXISTS", "lock:{report:today}"]).unwrap(),
+        ":0\r\n"
+    );
+}
+
 /// A time as lockctl prints it: RFC 3339, UTC, to the millisecond
 /// (`2026-11-23T14:03:07.250Z`).
 fn is_rfc3339_utc(text: &str) -> bool {
@@ -607,6 +657,31 @@ async fn list_and_show_name_the_holder() {
     assert!(
         show_ghost.stdout.contains("unknown (no record)"),
         "{show_ghost:?}"
+    );
+    // What "no record" may mean, truthfully: not only a dead process.
+    for reason in ["under a second ago", "`hset`", "for a minute"] {
+        assert!(
+            show_ghost.stdout.contains(reason),
+            "{reason}: {show_ghost:?}"
+        );
+    }
+    // A kept lock without a record: released, and its process gone since.
+    server
+        .command(&[
+            "SET",
+            "lock:{kept-ghost}",
+            &format!("kept:{ghost}"),
+            "PX",
+            "60000",
+        ])
+        .unwrap();
+    let show_kept = lockctl(&url, &["show", "kept-ghost"], "").await;
+    assert!(
+        show_kept
+            .stdout
+            .contains("released and is kept by hold_at_least")
+            && !show_kept.stdout.contains("under a second ago"),
+        "{show_kept:?}"
     );
 
     let json = lockctl(&url, &["--json", "show", "order:7"], "").await;

@@ -31,8 +31,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The environment variable naming the `redis-server` binary (default: found
-/// on `PATH`).
+/// The environment variable naming the server binary every test starts
+/// (default: `redis-server`, found on `PATH`): a `redis-server`, or a
+/// `valkey-server` (`REDIS_SERVER=$(scripts/ensure-valkey-server.sh)`: the
+/// test command's Valkey matrix). Its sentinels are the same binary with
+/// `--sentinel`; clusters are made with `redis-cli --cluster create`, which
+/// works against Valkey too.
 pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
 
 /// The guide's minimal ACL rule (Configuration) for the default `lock:` prefix (keys,

@@ -59,6 +59,7 @@ fn redis_error(source: redis::RedisError) -> LockError {
     LockError::Redis {
         name: "balance".to_owned(),
         operation: "bookkeeping",
+        server: String::new(),
         source,
     }
 }

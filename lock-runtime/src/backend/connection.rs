@@ -48,6 +48,22 @@ pub(crate) enum Target {
 }
 
 impl Target {
+    /// Where it leads, for messages: its URL with the password masked, a
+    /// cluster's seeds, the sentinels and their master name.
+    pub(crate) fn describe(&self) -> String {
+        let url = |info: &redis::ConnectionInfo| {
+            crate::redact::redact_url(&crate::url::connection_url(info))
+        };
+        match self {
+            Target::Node(redis, _) => url(redis.get_connection_info()),
+            Target::Cluster(seeds, ..) => {
+                let seeds: Vec<String> = seeds.iter().map(url).collect();
+                format!("cluster [{}]", seeds.join(", "))
+            }
+            Target::Sentinel(sentinels) => sentinels.describe(),
+        }
+    }
+
     /// A new connection (opened on first use).
     pub(crate) fn open(&self) -> Link {
         match self {

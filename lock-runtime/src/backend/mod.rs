@@ -331,6 +331,16 @@ pub(crate) struct SemaphoreState {
     pub(crate) waiters: u64,
 }
 
+/// An exclusive lock's key as one node has it (`lua/peek.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Peeked {
+    /// The holder's token (maybe with a wake mark or a quorum attempt's
+    /// mark), or `kept:<token>`; `None`: no key.
+    pub(crate) value: Option<String>,
+    /// The key's `PTTL` (-2: no key).
+    pub(crate) pttl_ms: i64,
+}
+
 /// A deployment of the lock: where its keys live and how they are read and
 /// written. Every method is one round trip, retried on connection faults
 /// within the deadline.
@@ -467,6 +477,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         name: &'a str,
         keys: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>>;
+
+    /// `Lock::holder`: the exclusive lock's key as each node has it: one
+    /// reading for one server or a cluster, one per node of a quorum
+    /// (`None` for a node that did not answer). Reads only, with commands
+    /// of the lock's own ACL rule (`get`, `pttl`).
+    fn peek<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, Result<Vec<Option<Peeked>>, LockError>>;
 
     /// Writes (or deletes) a client's holder record: on the server, on the
     /// primary of the record's slot in a cluster, on every node of a quorum.

@@ -4,6 +4,7 @@
 //! renewals in `renewal.rs`.
 
 mod inspect;
+mod peek;
 mod quorum_node;
 mod record;
 mod renewal;
@@ -25,7 +26,7 @@ use super::scripts::{
     evalsha, run, LuaScript, Told, ACQUIRE, ACQUIRE_ALL, HANDOFF, LEAVE, RELEASE, RELEASE_KEEPING,
 };
 use super::{
-    Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
+    Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass, Peeked,
     RecordWrite, Release, RenewItem, Snapshot,
 };
 use crate::error::LockError;
@@ -43,13 +44,17 @@ pub(crate) struct RedisBackend {
     cluster: bool,
     /// The ACL refused a message to waiters: said once (see [`told`]).
     publish_refused: AtomicBool,
+    /// Where the calls go, its password masked: named by its errors.
+    server: Box<str>,
 }
 
 impl RedisBackend {
     pub(crate) fn new(target: Target, deadline: Duration, ack: Option<Ack>) -> RedisBackend {
         let cluster = matches!(target, Target::Cluster(..));
+        let server = target.describe().into_boxed_str();
         let target_for_pool = target.clone();
         RedisBackend {
+            server,
             connection: Connection::new(target, deadline),
             ack_pool: ack.map(|_| AckPool::new(target_for_pool)),
             ack,
@@ -133,7 +138,7 @@ impl RedisBackend {
                 }))
             })
             .await
-            .map_err(|source| LockError::redis(name, operation, source))
+            .map_err(|source| LockError::redis_at(name, operation, &self.server, source))
     }
 
     /// The connection for one call: `link`, or in acknowledged mode
@@ -631,6 +636,13 @@ impl Backend for RedisBackend {
         keys: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Snapshot>, LockError>> {
         Box::pin(async move { Ok(vec![self.snapshot(name, keys).await?]) })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, Result<Vec<Option<Peeked>>, LockError>> {
+        Box::pin(async move { Ok(vec![Some(self.peek_lock(keys).await?)]) })
     }
 
     fn write_record<'a>(

@@ -375,8 +375,12 @@ pub(crate) static RENEW_SHARES: LazyLock<LuaScript> =
 pub(crate) static INSPECT: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("inspect.lua")]], 65536));
 
+/// `lua/peek.lua`: an exclusive lock's value and PTTL (`Lock::holder`).
+pub(crate) static PEEK: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&[lua!("peek.lua")]], 1 << 26));
+
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 26] {
+pub(crate) fn all() -> [&'static LuaScript; 27] {
     [
         &QUORUM_RW_ACQUIRE,
         &QUORUM_SEMAPHORE_ACQUIRE,
@@ -404,6 +408,7 @@ pub(crate) fn all() -> [&'static LuaScript; 26] {
         &RENEW_SHARES,
         &INSPECT,
         &RECORD,
+        &PEEK,
     ]
 }
 

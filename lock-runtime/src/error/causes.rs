@@ -63,7 +63,14 @@ pub(crate) struct NoPrimary {
     /// Every sentinel refused the login, or every primary named did: a
     /// configuration mistake, not retried.
     pub(crate) login_refused: bool,
+    /// A majority of the sentinels answered that they monitor no master of
+    /// this name and none named one: a misspelt name, not retried.
+    pub(crate) unknown_master: bool,
 }
+
+/// What the error of a master name no sentinel monitors says first: a
+/// misspelt name, not a failover (`is_unknown_master`).
+const UNKNOWN_MASTER: &str = "Redis Sentinel: no sentinel monitors a master of this name";
 
 impl fmt::Display for NoPrimary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -83,6 +90,13 @@ impl From<NoPrimary> for RedisError {
     /// that cannot be reached is) that keeps the reports; an
     /// authentication failure (not retried) when every login was refused.
     fn from(error: NoPrimary) -> RedisError {
+        if error.unknown_master {
+            return RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                UNKNOWN_MASTER,
+                error.to_string(),
+            ));
+        }
         if error.login_refused {
             return RedisError::from((
                 redis::ErrorKind::AuthenticationFailed,
@@ -92,6 +106,12 @@ impl From<NoPrimary> for RedisError {
         }
         std::io::Error::new(std::io::ErrorKind::NotConnected, error).into()
     }
+}
+
+/// Whether `error` says that no sentinel monitors the master name (for its
+/// advice: check the name).
+pub(crate) fn is_unknown_master(error: &RedisError) -> bool {
+    error.to_string().contains(UNKNOWN_MASTER)
 }
 
 /// Whether `error` is a [`NoPrimary`] (for its advice).
@@ -128,6 +148,7 @@ mod tests {
                 "sentinel 10.0.0.2:26379 did not answer within 2s".to_owned(),
             ],
             login_refused: false,
+            unknown_master: false,
         }
         .into();
         assert!(is_no_primary(&error));
@@ -147,10 +168,28 @@ mod tests {
             master: "mymaster".to_owned(),
             reports: vec!["sentinel 10.0.0.1:26379 refused the login (WRONGPASS)".to_owned()],
             login_refused: true,
+            unknown_master: false,
         }
         .into();
         assert_eq!(error.kind(), redis::ErrorKind::AuthenticationFailed);
         assert!(error.to_string().contains("10.0.0.1:26379"), "{error}");
+        assert!(!retryable(&error));
+    }
+
+    #[test]
+    fn a_master_name_no_sentinel_monitors_is_not_retried() {
+        let error: RedisError = NoPrimary {
+            master: "mymastr".to_owned(),
+            reports: vec![
+                "sentinel 10.0.0.1:26379 does not monitor a master named `mymastr`".to_owned(),
+            ],
+            login_refused: false,
+            unknown_master: true,
+        }
+        .into();
+        assert!(is_unknown_master(&error), "{error}");
+        assert!(!is_no_primary(&error));
+        assert!(error.to_string().contains("`mymastr`"), "{error}");
         assert!(!retryable(&error));
     }
 }

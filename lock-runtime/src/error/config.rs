@@ -84,7 +84,7 @@ pub enum ConfigError {
     /// A lock's ttl out of range (1 ms to a year, at least
     /// [`MIN_RENEWED_TTL`](crate::MIN_RENEWED_TTL) when renewed, at least
     /// 10 ms over a quorum).
-    #[error("lock `{name}` has a ttl of {ttl:?}; {reason}")]
+    #[error("lock `{name}` has a ttl of {}; {reason}", super::Readable(*ttl))]
     InvalidTtl {
         /// The lock's name.
         name: String,

@@ -3,11 +3,15 @@
 
 mod causes;
 mod config;
+mod readable;
 
 use std::time::Duration;
 
-pub(crate) use causes::{is_no_primary, is_refusal, is_script_error, retryable, NoPrimary};
+pub(crate) use causes::{
+    is_no_primary, is_refusal, is_script_error, is_unknown_master, retryable, NoPrimary,
+};
 pub use config::ConfigError;
+pub(crate) use readable::Readable;
 
 /// Why a held lock is no longer held by its holder.
 ///
@@ -88,7 +92,7 @@ impl LostCause {
         }
     }
 
-    /// The `cause` label of the `lock_lost_total` metric.
+    /// The `cause` label of the `distributed_lock_lost_total` metric.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
         match self {
@@ -218,10 +222,26 @@ pub enum LockError {
         name: String,
     },
 
+    /// The lock is not held, but kept by `hold_at_least` after its last
+    /// holder's release (a scheduled job that ran already): nobody may take
+    /// it before the kept time is over. [`is_busy`](LockError::is_busy).
+    #[error(
+        "lock `{name}` is kept for {} more by `hold_at_least` after its last holder released \
+         it (the job ran already); not acquired: it is free again after that",
+        Readable(*remaining)
+    )]
+    Kept {
+        /// The lock's name, as the caller wrote it.
+        name: String,
+        /// How long it is kept still, when it was read.
+        remaining: Duration,
+    },
+
     /// The lock stayed busy for the whole `wait`.
     #[error(
-        "lock `{name}` stayed held by another holder for the whole wait of {waited:?}; not \
-         acquired (wait longer, or make the holder's critical section shorter)"
+        "lock `{name}` stayed held by another holder for the whole wait of {}; not \
+         acquired (wait longer, or make the holder's critical section shorter)",
+        Readable(*waited)
     )]
     WaitTimeout {
         /// The lock's name, as the caller wrote it.
@@ -247,10 +267,11 @@ pub enum LockError {
     /// asked confirmed the write in time. The lock was given back.
     #[error(
         "lock `{name}` was not acquired: {} of the {wanted} replicas asked for confirmed the \
-         write within {timeout:?}, so a failover could lose it; it was given back (check the \
+         write within {}, so a failover could lose it; it was given back (check the \
          replicas' health and lag, give a longer acknowledged timeout, or ask for fewer \
          replicas)",
-        confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string())
+        confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string()),
+        Readable(*timeout)
     )]
     NotReplicated {
         /// The lock's name, as the caller wrote it.
@@ -265,7 +286,8 @@ pub enum LockError {
 
     /// Redis could not be reached or answered with an error.
     #[error(
-        "Redis {operation} for lock `{name}` failed: {source} ({})",
+        "Redis {operation} for lock `{name}`{} failed: {source} ({})",
+        at(server),
         advice(source)
     )]
     Redis {
@@ -273,6 +295,10 @@ pub enum LockError {
         name: String,
         /// What was being done: `acquire`, `release`, ...
         operation: &'static str,
+        /// Where the call went, its password masked:
+        /// `redis://app:***@10.0.0.5:6379/0`, `cluster [..]`, `sentinel
+        /// mymaster of [..]`; empty when the error is not one server's.
+        server: String,
         /// The error from the Redis client. Timeouts are I/O errors of kind `TimedOut`.
         #[source]
         source: redis::RedisError,
@@ -294,7 +320,10 @@ impl LockError {
     /// The lock was not acquired because another holder has it (`Busy` or
     /// `WaitTimeout`): the normal "someone else is doing it" outcome.
     pub fn is_busy(&self) -> bool {
-        matches!(self, LockError::Busy { .. } | LockError::WaitTimeout { .. })
+        matches!(
+            self,
+            LockError::Busy { .. } | LockError::Kept { .. } | LockError::WaitTimeout { .. }
+        )
     }
 
     /// The holder learnt that it had lost the lock.
@@ -303,9 +332,20 @@ impl LockError {
     }
 
     pub(crate) fn redis(name: &str, operation: &'static str, source: redis::RedisError) -> Self {
+        LockError::redis_at(name, operation, "", source)
+    }
+
+    /// [`LockError::redis`] of a call to `server` (its password masked).
+    pub(crate) fn redis_at(
+        name: &str,
+        operation: &'static str,
+        server: &str,
+        source: redis::RedisError,
+    ) -> Self {
         LockError::Redis {
             name: name.to_owned(),
             operation,
+            server: server.to_owned(),
             source,
         }
     }
@@ -313,10 +353,25 @@ impl LockError {
 
 /// What to do about a Redis error: it follows the error's kind. Only an
 /// error of the connection (or no answer) points at Redis being down.
+/// ` at <server>`, or nothing.
+fn at(server: &str) -> String {
+    if server.is_empty() {
+        String::new()
+    } else {
+        format!(" at {server}")
+    }
+}
+
 fn advice(source: &redis::RedisError) -> &'static str {
     use redis::{ErrorKind, ServerErrorKind};
     if let Some(failure) = crate::tls::handshake_failure(source) {
         return failure.advice();
+    }
+    if is_unknown_master(source) {
+        return "no sentinel monitors a master of this name: check the name in the URL's path \
+                (or Config::sentinel's), which must be the one of the sentinels' `sentinel \
+                monitor <name> ...` lines; this is a configuration mistake, not a failover, and \
+                does not pass by itself";
     }
     if is_no_primary(source) {
         return "check that the sentinels named are up and reachable and monitor this master \
@@ -355,7 +410,7 @@ impl From<LockError> for std::io::Error {
     fn from(error: LockError) -> Self {
         use std::io::ErrorKind;
         let kind = match &error {
-            LockError::Busy { .. } => ErrorKind::WouldBlock,
+            LockError::Busy { .. } | LockError::Kept { .. } => ErrorKind::WouldBlock,
             LockError::WaitTimeout { .. } => ErrorKind::TimedOut,
             LockError::Lost { .. } | LockError::NotReplicated { .. } => ErrorKind::Other,
             LockError::Redis { source, .. } if source.is_timeout() => ErrorKind::TimedOut,

@@ -14,6 +14,7 @@ use crate::keys::LockKeys;
 use crate::lease::acquire::{Acquisition, Cohort, Representative, Settings};
 use crate::lease::guard::{lost_in, LockGuard, OnLost};
 use crate::lease::watch::{held_in_this_task, Entry};
+use crate::lease::MAX_DURATION_MS;
 
 /// A distributed lock, described: its name, ttl, how long to wait, and which
 /// client to use. Building one costs nothing and touches no network; it is
@@ -62,7 +63,8 @@ impl Lock {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
     /// The `lock` label of the metrics of a lock given no
-    /// [`metric_label`](Lock::metric_label): `unlabelled`, one series for
+    /// [`metric_label`](Lock::metric_label) nor [`caller`](Lock::caller)
+    /// (which labels it when there is no `metric_label`): `unlabelled`, one series for
     /// all such locks, whatever their names (a label made from names would
     /// make one series per id).
     pub const DEFAULT_METRIC_LABEL: &'static str = crate::observe::DEFAULT_METRIC_LABEL;
@@ -211,9 +213,10 @@ impl Lock {
     /// the *kind* of lock, never one of its ids, so that the label has a
     /// bounded set of values: `Lock::new(format!("order:{id}"))
     /// .metric_label("order:<id>")`. `#[distributed_lock]` labels its locks
-    /// with their key as written (`order:<id>`). Default:
-    /// [`Lock::DEFAULT_METRIC_LABEL`], one series for every lock not given
-    /// a label.
+    /// with their key as written (`order:<id>`). Default: the
+    /// [`caller`](Lock::caller) when one is given, else
+    /// [`Lock::DEFAULT_METRIC_LABEL`], one series for every lock given
+    /// neither.
     pub fn metric_label(mut self, label: impl Into<Cow<'static, str>>) -> Self {
         self.metric_label = Some(label.into());
         self
@@ -234,10 +237,12 @@ impl Lock {
         &self.name
     }
 
-    /// The `lock` label of its metrics.
+    /// The `lock` label of its metrics: its `metric_label`, else its
+    /// `caller`, else [`Lock::DEFAULT_METRIC_LABEL`].
     pub(crate) fn label(&self) -> &str {
         self.metric_label
             .as_deref()
+            .or(self.caller.as_deref())
             .unwrap_or(Self::DEFAULT_METRIC_LABEL)
     }
 
@@ -295,7 +300,17 @@ impl Lock {
         let (waited, outcome) = (started.elapsed(), acquire_outcome(&result));
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
-        crate::observe::acquisition(self.label(), outcome, waited);
+        crate::observe::acquisition(self.label(), outcome, waited, 1);
+        // A scheduled job's lock (`hold_at_least`) found busy may be kept,
+        // not held: said so (one more read, on this path alone).
+        let result = match result {
+            Err(LockError::Busy { name })
+                if self.hold_at_least.is_some() && self.kind == Kind::Exclusive =>
+            {
+                Err(self.busy_or_kept(name).await)
+            }
+            result => result,
+        };
         if let (Ok(guard), false) = (&result, span.is_disabled()) {
             span.record(
                 "lock.holder",
@@ -306,6 +321,17 @@ impl Lock {
             }
         }
         result
+    }
+
+    /// `Busy`, or `Kept` when the key is a kept one (`kept:<token>`).
+    async fn busy_or_kept(&self, name: String) -> LockError {
+        match self.holder().await {
+            Ok(Some(holder)) if holder.kept => LockError::Kept {
+                name,
+                remaining: holder.expires_in,
+            },
+            _ => LockError::Busy { name },
+        }
     }
 
     /// `acquire`, for a guard that is a manual one or runs a body.
@@ -531,7 +557,10 @@ impl Lock {
             {
                 Err(invalid(
                     option,
-                    format!("{value:?} is out of range: give it from 1 ms to a year (8760 h)"),
+                    format!(
+                        "{} is out of range: give it from 1 ms to a year (8760 h)",
+                        crate::error::Readable(value)
+                    ),
                 ))
             }
             _ => Ok(()),
@@ -588,6 +617,11 @@ impl Lock {
             ));
         }
         Ok(ttl_ms)
+    }
+
+    /// The client set with [`Lock::client`], if any.
+    pub(crate) fn client_ref(&self) -> Option<&Client> {
+        self.client.as_ref()
     }
 
     /// This lock without a wait (a set's try).
@@ -667,11 +701,6 @@ impl<F: Future> Future for Heartbeat<'_, F> {
         this.inner.poll(cx)
     }
 }
-
-/// The longest ttl, `max_hold` or `hold_at_least` accepted: a year (far
-/// inside what Redis accepts for PX, and what an `Instant` can add). The
-/// attribute checks the same limits at compile time.
-pub(crate) const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// The shortest ttl of a renewed lock: renewed every ttl/3, valid for the
 /// ttl less its drift margin (1 % + 2 ms). The attribute checks it at

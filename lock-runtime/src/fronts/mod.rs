@@ -53,6 +53,7 @@ macro_rules! lock_options {
 }
 pub(crate) use lock_options;
 
+pub(crate) mod holder;
 pub(crate) mod lock;
 pub(crate) mod multi_lock;
 pub(crate) mod rw_lock;

@@ -111,7 +111,7 @@ impl MultiLock {
     /// release of any lock it waits for ([`LockError::WaitTimeout`]).
     ///
     /// A lock of the set already held up this task's call chain is shared
-    /// as a single lock would be (the README, "Reentrancy"); the others are
+    /// as a single lock would be ([Reentrancy](crate::guide::attribute#reentrancy)); the others are
     /// taken as a set.
     ///
     /// # Errors
@@ -197,7 +197,9 @@ impl MultiLock {
         };
         span.record("lock.waited_ms", waited.as_millis() as u64);
         span.record("lock.outcome", outcome);
-        crate::observe::acquisition(self.lock.label(), outcome, waited);
+        // Each lock of the set is an acquisition, as each is a hold.
+        let locks = self.names.len() as u64;
+        crate::observe::acquisition(self.lock.label(), outcome, waited, locks);
         if let Some(token) = result.as_ref().ok().and_then(MultiGuard::fencing_token) {
             span.record("lock.fencing_token", token);
         }

@@ -12,6 +12,8 @@
 //! - [`observability`], tracing spans and metrics.
 //! - [`operating`], operating with lockctl.
 //! - [`guarantees`], what it guarantees, each line with its test.
+//! - [`coming_from`], coming from Redisson, rslock, redsync or ShedLock: their
+//!   calls and ours, and what has no counterpart.
 //!
 //! The pages are Markdown files in `lock-runtime/src/guide/`, readable on
 //! the repository's web pages too. A link between pages is written as a
@@ -37,3 +39,4 @@ page!(configuration, "configuration.md");
 page!(observability, "observability.md");
 page!(operating, "operating.md");
 page!(guarantees, "guarantees.md");
+page!(coming_from, "coming_from.md");

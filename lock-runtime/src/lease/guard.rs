@@ -40,7 +40,8 @@ pub enum OnLost {
     #[default]
     Stop,
     /// Let the body run to its end and return its output; the loss is logged
-    /// at warn level when the hold ends (its release). Unsafe for mutual exclusion: after the loss another
+    /// at warn level (once, in the `lock.hold` span) as soon as it is seen, while the body runs on.
+    /// Unsafe for mutual exclusion: after the loss another
     /// holder may run at the same time as the rest of the body.
     Continue,
 }
@@ -360,17 +361,26 @@ impl LockGuard {
         // Only now is the guard disarmed: a cancelled release above drops
         // `self` still armed, and Drop releases in the background.
         self.armed = false;
+        if result.is_ok() && !hold.linger() {
+            crate::lease::release::keep_recorded(Arc::clone(&hold));
+        }
         match result {
             Ok(()) | Err(LockError::Lost { .. }) if hold.linger() => {
                 spawn_release(Arc::clone(&hold), true);
                 result
             }
-            Err(LockError::Redis { name, source, .. }) => {
+            Err(LockError::Redis {
+                name,
+                server,
+                source,
+                ..
+            }) => {
                 // Still ours, maybe: keep trying while it could be held.
                 spawn_release(hold, true);
                 Err(LockError::Redis {
                     name,
                     operation: "release (retried in the background until the lock's ttl passes)",
+                    server,
                     source,
                 })
             }

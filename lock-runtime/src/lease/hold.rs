@@ -140,6 +140,14 @@ pub(crate) struct Hold {
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
+    /// Counted in the held gauge (from `taken_by` until released or lost).
+    counted_held: AtomicBool,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.stop_holding();
+    }
 }
 
 impl Recorded for Hold {
@@ -212,6 +220,7 @@ impl Hold {
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
             site: OnceLock::new(),
+            counted_held: AtomicBool::new(false),
         })
     }
 
@@ -225,13 +234,26 @@ impl Hold {
         if self.site.get().is_some() {
             return;
         }
-        let _ = self.site.set(Site {
+        let set = self.site.set(Site {
             label: label
+                .or(caller)
                 .cloned()
                 .unwrap_or(Cow::Borrowed(DEFAULT_METRIC_LABEL)),
             caller: caller.cloned(),
             _registered: self.core.holders().register(self),
         });
+        if set.is_ok() && self.reported_loss().is_none() {
+            self.counted_held.store(true, Ordering::Release);
+            crate::observe::holding(self.label(), true);
+        }
+    }
+
+    /// The hold is no longer held (released, dropped or lost): out of the
+    /// held gauge, once.
+    fn stop_holding(&self) {
+        if self.counted_held.swap(false, Ordering::AcqRel) {
+            crate::observe::holding(self.label(), false);
+        }
     }
 
     /// The fencing token its holder uses: its own, or its set's (see
@@ -245,6 +267,13 @@ impl Hold {
     /// largest of its keys', raised on every key's fence).
     pub(crate) fn raise_fence(&self, token: u64) {
         self.set_fence.fetch_max(token, Ordering::AcqRel);
+    }
+
+    /// Whether a holder was ever given this hold (a guard made for it). The
+    /// hold of an acquisition whose outcome stayed unknown, released in the
+    /// background after its caller was told it failed, never was.
+    pub(crate) fn was_handed_out(&self) -> bool {
+        self.site.get().is_some()
     }
 
     /// The `lock` label of its metrics (`Lock::metric_label`).
@@ -335,6 +364,14 @@ impl Hold {
         self.valid_until.fetch_max(until, Ordering::AcqRel);
     }
 
+    /// A manual extension with `ttl` sent at `sent_at` was confirmed
+    /// (`LockGuard::extend`, never on a renewed lock): the key lives until
+    /// `sent_at + ttl`, which may be sooner than what was known before.
+    pub(crate) fn extend_for(&self, sent_at: Instant, ttl: Duration) {
+        let until = to_nanos(sent_at + ttl - drift_margin(ttl));
+        self.valid_until.store(until, Ordering::Release);
+    }
+
     /// Counts the loss `cause` in the metrics and logs it at warn, once
     /// per hold, when it reaches the holder (its body stopped, its release,
     /// its guard dropped). Called inside the hold's span where there is one
@@ -342,6 +379,19 @@ impl Hold {
     /// look for names the lock, the cause and, for a refused renewal,
     /// Redis's answer.
     pub(crate) fn count_loss(&self, cause: LostCause) {
+        self.count_loss_as(cause, "");
+    }
+
+    /// [`count_loss`](Hold::count_loss) for a body that runs on
+    /// (`OnLost::Continue`), logged as soon as the loss is seen.
+    pub(crate) fn count_loss_running_on(&self, cause: LostCause) {
+        self.count_loss_as(
+            cause,
+            "; the body runs on (on_lost = continue): another holder may run beside it from now",
+        );
+    }
+
+    fn count_loss_as(&self, cause: LostCause, note: &str) {
         if self.loss_counted.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -353,11 +403,11 @@ impl Hold {
         match self.refusal.get() {
             Some(refusal) => tracing::warn!(
                 lock = %self.name(), cause = cause.label(), error = %refusal,
-                "lock lost: {cause}"
+                "lock lost: {cause}{note}"
             ),
             None => tracing::warn!(
                 lock = %self.name(), cause = cause.label(),
-                "lock lost: {cause}"
+                "lock lost: {cause}{note}"
             ),
         }
     }
@@ -374,6 +424,7 @@ impl Hold {
         if first {
             tracing::debug!(lock = %self.name(), cause = %cause, "lock lost; the holder is told");
         }
+        self.stop_holding();
         self.wake();
     }
 
@@ -393,6 +444,7 @@ impl Hold {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        self.stop_holding();
         self.wake();
     }
 

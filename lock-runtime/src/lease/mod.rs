@@ -6,6 +6,7 @@
 
 pub(crate) mod acquire;
 pub(crate) mod cohort;
+mod extend;
 pub(crate) mod guard;
 pub(crate) mod hold;
 pub(crate) mod holders;
@@ -32,6 +33,11 @@ use crate::wall_clock::WallClock;
 use cohort::Cohorts;
 use holders::{Holders, Identity};
 use renewal::Renewer;
+
+/// The longest ttl, `max_hold` or `hold_at_least` accepted: a year (far
+/// inside what Redis accepts for PX, and what an `Instant` can add). The
+/// attribute checks the same limits at compile time.
+pub(crate) const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// What every lease of one client shares: the backend, the renewal driver,
 /// the notifier its waiters are woken by, its in-process cohorts. A hold

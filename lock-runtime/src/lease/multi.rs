@@ -28,7 +28,6 @@ use crate::lease::acquire::{
 use crate::lease::guard::LockGuard;
 use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
 use crate::lease::release::spawn_release;
-use crate::lease::set_by_key::raise_fences;
 use crate::lease::watch::Entry;
 use crate::lease::Core;
 
@@ -343,4 +342,36 @@ impl Drop for SetPlace<'_> {
             let _ = join_all(leaving).await;
         });
     }
+}
+
+/// One fencing token for a set whose keys got a token each (taken key by
+/// key, or held by outer locks): the largest of them, written to the fence
+/// of every key whose token is smaller (`fence_raise.lua`) so that every
+/// later token of each key is larger, and reported by every hold.
+pub(super) async fn raise_fences(
+    first: &Acquisition<'_>,
+    guards: &[LockGuard],
+) -> Result<(), LockError> {
+    let Some(token) = guards
+        .iter()
+        .filter_map(|guard| guard.fencing_token())
+        .max()
+    else {
+        return Ok(());
+    };
+    let retention_ms = fence_retention_ms(first.ttl_ms);
+    let backend = first.core.backend();
+    let behind = guards
+        .iter()
+        .filter(|guard| guard.fencing_token().is_some_and(|own| own < token));
+    let raised = join_all(behind.map(|guard| {
+        let keys = &guard.hold().keys;
+        backend.fence_at_least(keys, token, retention_ms)
+    }))
+    .await;
+    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
+    for guard in guards {
+        guard.hold().raise_fence(token);
+    }
+    Ok(())
 }

@@ -59,6 +59,25 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     }
 }
 
+/// After a release that kept the key (`hold_at_least`): keeps `hold`, and
+/// so its entry in its client's holder record, for as long as the key is
+/// kept, so that `lockctl show` names the process that ran the job while
+/// the key lives (a hold released before it was recorded, under a second,
+/// gets recorded meanwhile). Nothing when nothing is kept.
+pub(crate) fn keep_recorded(hold: Arc<Hold>) {
+    let keep = hold.keep_for();
+    if keep.is_zero() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::time::sleep(keep).await;
+        drop(hold);
+    });
+}
+
 /// The first pause between background release attempts, doubled up to
 /// [`MAX_RELEASE_PAUSE`].
 pub(crate) const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(20);
@@ -87,12 +106,22 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
         let mut failures = 0u32;
         loop {
             match release(&hold, may_have_run).await {
-                Ok(()) | Err(LockError::Lost { .. }) => {
-                    if failures > 0 {
+                result @ (Ok(()) | Err(LockError::Lost { .. })) => {
+                    if failures > 0 && hold.was_handed_out() {
                         tracing::info!(lock = %hold.name(), failures, "released after failed attempts");
+                    } else if failures > 0 {
+                        // An acquisition whose caller was told it failed:
+                        // nobody held this lock, so no line says it was released.
+                        tracing::debug!(
+                            lock = %hold.name(), failures,
+                            "a failed acquisition's possible lock cleared after failed attempts"
+                        );
                     }
                     if hold.linger() {
                         linger(&hold, until).await;
+                    }
+                    if result.is_ok() {
+                        keep_recorded(hold);
                     }
                     return;
                 }
@@ -100,12 +129,24 @@ pub(crate) fn spawn_release(hold: Arc<Hold>, may_have_run: bool) {
                     failures += 1;
                     may_have_run = true;
                     if Instant::now() + pause >= until {
-                        tracing::warn!(
-                            lock = %hold.name(), %error, failures,
-                            "release failed and is given up: the lock frees itself when its ttl passes"
-                        );
+                        if hold.was_handed_out() {
+                            tracing::warn!(
+                                lock = %hold.name(), %error, failures,
+                                "release failed and is given up: the lock frees itself when its ttl passes"
+                            );
+                        } else {
+                            tracing::warn!(
+                                lock = %hold.name(), %error, failures,
+                                "an acquisition that failed may have taken the lock for nobody; \
+                                 clearing it failed and is given up: it frees itself when its ttl passes"
+                            );
+                        }
                         return;
                     }
+                    tracing::debug!(
+                        lock = %hold.name(), %error, failures,
+                        "background release failed; tried again"
+                    );
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_RELEASE_PAUSE);
                 }

@@ -401,6 +401,7 @@ impl Renewer {
                         // Not decided (over a quorum: too few answers):
                         // this lock alone is tried again.
                         undecided += 1;
+                        crate::observe::renewal_failed(hold.label());
                         if retry_or_give_up(&mut registry, *id, hold, now) {
                             self.count_lost(LostCause::NotRenewed);
                         }
@@ -453,6 +454,7 @@ impl Renewer {
                     if !registry.entries.contains_key(id) {
                         continue;
                     }
+                    crate::observe::renewal_failed(hold.label());
                     if let Some(cause) = refused {
                         registry.remove(*id);
                         self.count_lost(cause);

@@ -26,8 +26,8 @@ use crate::lease::acquire::{
     Acquisition, InLine, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH,
 };
 use crate::lease::guard::LockGuard;
-use crate::lease::hold::{fence_retention_ms, Hold};
-use crate::lease::multi::SetAcquisition;
+use crate::lease::hold::Hold;
+use crate::lease::multi::{raise_fences, SetAcquisition};
 use crate::lease::release::spawn_release;
 use std::sync::Arc;
 
@@ -411,36 +411,4 @@ async fn finish(
         raise_fences(first, &guards).await?;
     }
     Ok(guards)
-}
-
-/// One fencing token for a set whose keys got a token each (taken key by
-/// key, or held by outer locks): the largest of them, written to the fence
-/// of every key whose token is smaller (`fence_raise.lua`) so that every
-/// later token of each key is larger, and reported by every hold.
-pub(super) async fn raise_fences(
-    first: &Acquisition<'_>,
-    guards: &[LockGuard],
-) -> Result<(), LockError> {
-    let Some(token) = guards
-        .iter()
-        .filter_map(|guard| guard.fencing_token())
-        .max()
-    else {
-        return Ok(());
-    };
-    let retention_ms = fence_retention_ms(first.ttl_ms);
-    let backend = first.core.backend();
-    let behind = guards
-        .iter()
-        .filter(|guard| guard.fencing_token().is_some_and(|own| own < token));
-    let raised = join_all(behind.map(|guard| {
-        let keys = &guard.hold().keys;
-        backend.fence_at_least(keys, token, retention_ms)
-    }))
-    .await;
-    raised.into_iter().collect::<Result<Vec<()>, _>>()?;
-    for guard in guards {
-        guard.hold().raise_fence(token);
-    }
-    Ok(())
 }

@@ -381,6 +381,10 @@ pin_project! {
         hold: Arc<Hold>,
         stop_on_loss: bool,
         reentrant: bool,
+        // A renewed lock under `OnLost::Continue`: the body goes on, and a
+        // loss is logged (once, at warn, in the hold's span) when it is
+        // seen, not when the body ends. Cleared once logged.
+        warn_on_loss: bool,
     }
 }
 
@@ -395,14 +399,16 @@ pub(crate) fn watch<F: Future>(
     body: F,
 ) -> Watched<F> {
     let scope = Scope::nested(Arc::clone(&hold), current_scope(), reads);
+    let warn_on_loss = hold.renewed && !stop_on_loss && !reentrant;
     Watched {
         body: CURRENT.scope(Arc::clone(&scope), body),
         scope,
         deadline: tokio::time::sleep_until(hold.valid_until()),
-        signal: (stop_on_loss || reentrant).then(|| hold.loss_signal()),
+        signal: (stop_on_loss || reentrant || warn_on_loss).then(|| hold.loss_signal()),
         hold,
         stop_on_loss,
         reentrant,
+        warn_on_loss,
     }
 }
 
@@ -437,10 +443,23 @@ impl<F: Future> Future for Watched<F> {
         if let Some(cause) = stop_cause(this.hold, *this.stop_on_loss, *this.reentrant) {
             return Poll::Ready(Err(cause));
         }
+        if *this.warn_on_loss {
+            if let Some(cause) = this.hold.lost_cause(Instant::now()) {
+                *this.warn_on_loss = false;
+                *this.signal = None;
+                if cause != LostCause::Released {
+                    // Polled inside the `lock.hold` span: the line and the
+                    // span name the lock; the body runs on.
+                    let span = tracing::Span::current();
+                    span.record("lock.lost_cause", cause.label());
+                    this.hold.count_loss_running_on(cause);
+                }
+            }
+        }
         if let Poll::Ready(output) = this.body.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        if *this.stop_on_loss {
+        if *this.stop_on_loss || *this.warn_on_loss {
             let until = this.hold.valid_until();
             if this.deadline.deadline() != until {
                 this.deadline.as_mut().reset(until);

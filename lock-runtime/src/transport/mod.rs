@@ -126,7 +126,7 @@ impl Transport {
 pub(crate) fn timed_out(deadline: Duration) -> redis::RedisError {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        format!("no answer within {deadline:?}"),
+        format!("no answer within {}", crate::error::Readable(deadline)),
     )
     .into()
 }

@@ -773,13 +773,15 @@ fn not_held_in_time(
     let text = match fence_short {
         Some((raised, needed)) => format!(
             "a majority granted the lock, but its fencing token reached only {raised} of the \
-             {needed} nodes needed within {elapsed:?}; it was given back: check the nodes that \
-             did not answer, or give a longer ttl (each node's timeout is a tenth of it)"
+             {needed} nodes needed within {}; it was given back: check the nodes that \
+             did not answer, or give a longer ttl (each node's timeout is a tenth of it)",
+            crate::error::Readable(elapsed)
         ),
         None => format!(
-            "a majority granted the lock, but after {elapsed:?} of its {ttl_ms} ms ttl no \
+            "a majority granted the lock, but after {} of its {ttl_ms} ms ttl no \
              validity was left; it was given back: give a longer ttl, or check the nodes' \
-             latency"
+             latency",
+            crate::error::Readable(elapsed)
         ),
     };
     LockError::redis(

@@ -46,8 +46,8 @@ use self::attempt::{undecided, unreachable, QuorumClock};
 use self::nodes::{answered, Nodes, Silence};
 use super::RedisBackend;
 use super::{
-    Acquire, AcquireRequest, Backend, Found, Kind, Pass, RecordWrite, Release, RenewItem, Snapshot,
-    WaitPlace,
+    Acquire, AcquireRequest, Backend, Found, Kind, Pass, Peeked, RecordWrite, Release, RenewItem,
+    Snapshot, WaitPlace,
 };
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
@@ -561,6 +561,22 @@ impl Backend for QuorumBackend {
             .await
             .into_iter()
             .collect()
+        })
+    }
+
+    fn peek<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, Result<Vec<Option<Peeked>>, LockError>> {
+        // Every node under its own deadline: a stopped node is `None`.
+        Box::pin(async move {
+            Ok(join_all(self.nodes.iter().map(|node| async move {
+                tokio::time::timeout(self.deadline, node.redis.peek_lock(keys))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }))
+            .await)
         })
     }
 

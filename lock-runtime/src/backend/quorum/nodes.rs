@@ -51,7 +51,9 @@ impl Silence {
 impl std::fmt::Display for Silence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Silence::NoAnswer(timeout) => write!(f, "no answer within {timeout:?}"),
+            Silence::NoAnswer(timeout) => {
+                write!(f, "no answer within {}", crate::error::Readable(*timeout))
+            }
             Silence::Failed(LockError::Redis { source, .. }) => write!(f, "{source}"),
             Silence::Failed(other) => write!(f, "{other}"),
         }

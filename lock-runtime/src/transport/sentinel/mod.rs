@@ -169,6 +169,16 @@ impl Sentinels {
         &self.transport
     }
 
+    /// `sentinel mymaster of [h1:26379, h2:26379]`, for messages.
+    pub(crate) fn describe(&self) -> String {
+        let nodes: Vec<&str> = self
+            .nodes
+            .iter()
+            .map(|node| node.address.as_str())
+            .collect();
+        format!("sentinel {} of [{}]", self.master, nodes.join(", "))
+    }
+
     /// A connection to the primary of epoch `epoch` failed, closed, or was
     /// answered `READONLY`: the next connection checks it first.
     pub(crate) fn suspect(&self, epoch: u64) {
@@ -290,6 +300,7 @@ impl Sentinels {
             master: self.master.clone(),
             reports: vec!["the primary kept changing while it was looked up".to_owned()],
             login_refused: false,
+            unknown_master: false,
         }
         .into())
     }
@@ -368,6 +379,8 @@ impl Sentinels {
         // Refusals of the login: when everyone refused it, the error says
         // so and is not retried.
         let mut logins_refused = 0;
+        // Sentinels that monitor no master of this name.
+        let mut unknown = 0;
         // Once a majority answered, the others are given a moment more.
         let mut until: Option<tokio::time::Instant> = None;
         loop {
@@ -388,6 +401,7 @@ impl Sentinels {
                 }
                 Some((node, Err(refusal))) => {
                     logins_refused += usize::from(refusal.login);
+                    unknown += usize::from(refusal.unknown_master);
                     reports.push(format!("sentinel {} {}", node.address, refusal.why));
                 }
             }
@@ -450,6 +464,7 @@ impl Sentinels {
             master: self.master.clone(),
             reports: all,
             login_refused,
+            unknown_master: named.is_empty() && unknown >= majority,
         }
         .into())
     }
@@ -500,12 +515,12 @@ impl Sentinels {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .take();
                 return Err(Refusal::other(format!(
-                    "did not answer within {:?}",
-                    self.deadline
+                    "did not answer within {}",
+                    crate::error::Readable(self.deadline)
                 )));
             }
             Err(error) if error.to_string().contains("No such master") => {
-                return Err(Refusal::other(format!(
+                return Err(Refusal::unknown_master(format!(
                     "does not monitor a master named `{}`",
                     self.master
                 )))
@@ -628,15 +643,33 @@ struct Refusal {
     why: String,
     /// It refused the login (wrong user or password).
     login: bool,
+    /// The sentinel monitors no master of the name asked for.
+    unknown_master: bool,
 }
 
 impl Refusal {
     fn login(why: String) -> Refusal {
-        Refusal { why, login: true }
+        Refusal {
+            why,
+            login: true,
+            unknown_master: false,
+        }
     }
 
     fn other(why: String) -> Refusal {
-        Refusal { why, login: false }
+        Refusal {
+            why,
+            login: false,
+            unknown_master: false,
+        }
+    }
+
+    fn unknown_master(why: String) -> Refusal {
+        Refusal {
+            why,
+            login: false,
+            unknown_master: true,
+        }
     }
 }
 
