@@ -203,7 +203,7 @@ fn bounds(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             continue;
         }
         // A run's acquisition ends when its body starts: the same bound.
-        let bound = call.wait.unwrap_or(0) + call.deadline + 2 * facts.max_delay + 5_000;
+        let bound = call.wait.unwrap_or(0) + call.deadline + 2 * facts.max_delay + 10_000;
         if end - call.start > bound {
             violations.push(Violation {
                 kind: "bound",
@@ -262,7 +262,7 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
         let local = rec.holds.iter().any(|hold| {
             hold.client == call.client
                 && hold.start < end
-                && hold.end > call.start - 1
+                && hold.let_go.max(hold.end) > call.start - 1
                 && call.keys.iter().any(|(key, _)| *key == hold.key)
         }) || rec.calls.iter().any(|other| {
             other.client == call.client

@@ -116,6 +116,9 @@ pub struct Hold {
     /// dropped).
     pub released: Option<Outcome>,
     pub why_ended: &'static str,
+    /// When its holder let go of it (its release returned, its guard or
+    /// `run` was dropped): in its process it is held until then.
+    pub let_go: Micros,
 }
 
 /// A fencing token used for a key (a hold's own, or a set's over holds

@@ -77,6 +77,12 @@ impl Report {
 
 /// Runs `scenario` with `seed`.
 pub fn run(scenario: &str, seed: u64) -> Report {
+    run_traced(scenario, seed, false)
+}
+
+/// Runs `scenario` with `seed`; `trace`: every command and reply in the
+/// history too.
+pub fn run_traced(scenario: &str, seed: u64, trace: bool) -> Report {
     let backend = backend(scenario).unwrap_or_else(|| panic!("no scenario {scenario}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -84,16 +90,17 @@ pub fn run(scenario: &str, seed: u64) -> Report {
         .build()
         .expect("a runtime");
     let local = tokio::task::LocalSet::new();
-    let report = local.block_on(&runtime, simulate(backend, scenario, seed));
+    let report = local.block_on(&runtime, simulate(backend, scenario, seed, trace));
     drop(local);
     drop(runtime);
     report
 }
 
-async fn simulate(backend: Backend, scenario: &str, seed: u64) -> Report {
+async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> Report {
     let mut rng = Rng::new(seed ^ scenario_salt(scenario));
     let plan = Plan::new(backend, &mut rng);
     let mut world = World::new(rng.fork(), plan.net.clone(), plan.epoch_us);
+    world.trace = trace;
     let mut build_rng = rng.fork();
     world.deploy = deploy::build(backend, &mut world, &mut build_rng, plan.skew_us);
     world.note(format!("scenario {scenario}, seed {seed}"));

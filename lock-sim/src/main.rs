@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-sim replay --seed N --scenario NAME\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\nscenarios: {}",
+        "usage: lock-sim replay --seed N --scenario NAME [--trace]\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\nscenarios: {}",
         lock_sim::SCENARIOS.join(", ")
     );
     std::process::exit(2)
@@ -31,7 +31,7 @@ fn main() {
             if lock_sim::backend(&scenario).is_none() {
                 usage();
             }
-            let report = lock_sim::run(&scenario, seed);
+            let report = lock_sim::run_traced(&scenario, seed, args.iter().any(|arg| arg == "--trace"));
             print!("{}", report.history);
             if report.violations.is_empty() {
                 println!("seed {seed} scenario {scenario}: no violation");

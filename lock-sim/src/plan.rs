@@ -101,16 +101,17 @@ impl Plan {
         let clients = (0..client_count)
             .map(|_| {
                 let long = backend == Backend::Sentinel && rng.chance(15);
+                let response_ms = if long {
+                    rng.range(2_000, 8_000)
+                } else {
+                    rng.range(50, 1_000)
+                };
                 ClientPlan {
                     tasks: rng.range(1, 3) as usize,
                     connect_timeout: Duration::from_millis(rng.range(50, 500)),
-                    response_timeout: Duration::from_millis(if long {
-                        rng.range(2_000, 8_000)
-                    } else {
-                        rng.range(50, 1_000)
-                    }),
+                    response_timeout: Duration::from_millis(response_ms),
                     acknowledged: (replicated && rng.chance(25))
-                        .then(|| (1, Duration::from_millis(rng.range(20, 200)))),
+                        .then(|| (1, Duration::from_millis(rng.range(10, response_ms / 2)))),
                     seed: rng.next_u64(),
                 }
             })

@@ -488,6 +488,7 @@ impl Ctx<'_> {
                 fence,
                 released: Some(outcome),
                 why_ended: why,
+                let_go: env.now(),
             });
         }
     }
@@ -589,6 +590,7 @@ impl Ctx<'_> {
             fence: seen.held.fencing_token(),
             released: Some(outcome),
             why_ended: why,
+            let_go: env.now(),
         });
     }
 
@@ -676,6 +678,7 @@ impl Ctx<'_> {
                 fence,
                 released: Some(outcome.clone()),
                 why_ended: why,
+                let_go: env.now(),
             });
         }
     }
@@ -713,11 +716,6 @@ impl Ctx<'_> {
         let result = set
             .run(async {
                 let token = lock_runtime::current().and_then(|lock| lock.fencing_token());
-                (token, self.body(&held, &op.steps).await)
-            })
-            .await;
-        match result {
-            Ok((token, ended)) => {
                 env.end(id, Outcome::Ok, format!(" fence={}", token.map_or("-".into(), |t: u64| t.to_string())));
                 if let Some(token) = token {
                     let at = env.now();
@@ -731,10 +729,16 @@ impl Ctx<'_> {
                         });
                     }
                 }
-                ended
-            }
+                self.body(&held, &op.steps).await
+            })
+            .await;
+        match result {
+            Ok(ended) => ended,
             Err(error) => {
-                env.end(id, Outcome::from_error(&error), String::new());
+                let ended = env.shared.with(|world| world.rec.calls[id].end.is_some());
+                if !ended {
+                    env.end(id, Outcome::from_error(&error), String::new());
+                }
                 None
             }
         }

@@ -267,6 +267,10 @@ pub struct World {
     pause_open: BTreeMap<usize, Micros>,
     /// Counts, for the report.
     pub stats: BTreeMap<&'static str, u64>,
+    /// Log every command and its reply in the history (`replay --trace`).
+    pub trace: bool,
+    /// Scripts seen, by SHA1: the name in their header.
+    scripts: BTreeMap<String, String>,
 }
 
 impl World {
@@ -295,6 +299,8 @@ impl World {
             pauses: BTreeMap::new(),
             pause_open: BTreeMap::new(),
             stats: BTreeMap::new(),
+            trace: false,
+            scripts: BTreeMap::new(),
         }
     }
 
@@ -732,6 +738,17 @@ impl World {
                     return;
                 }
                 if self.nodes[n].stalled {
+                    if self.trace {
+                        let client = self.conns.get(&conn).map_or(0, |state| state.client);
+                        let summary: Vec<String> =
+                            batch.commands.iter().map(|command| self.summary(command)).collect();
+                        let text = format!(
+                            "net: c{client} conn {conn} -> {} (stalled, parked): {}",
+                            self.nodes[n].name,
+                            summary.join(" | ")
+                        );
+                        self.note(text);
+                    }
                     self.nodes[n].parked.push_back((conn, batch));
                     return;
                 }
@@ -877,6 +894,19 @@ impl World {
                 self.sentinels[s].node.execute(node_conn, command)
             }
         };
+        if self.trace {
+            let client = self.conns.get(&conn).map_or(0, |state| state.client);
+            let to = match target {
+                Target::Node(n) => self.nodes[n].name.clone(),
+                Target::Sentinel(s) => format!("s{}", s + 1),
+            };
+            let text = format!(
+                "net: c{client} conn {conn} -> {to}: {} => {}",
+                self.summary(command),
+                short(&format!("{:?}", executed.reply), 160)
+            );
+            self.note(text);
+        }
         self.deliver(target, executed.deliveries.clone());
         if let Target::Node(n) = target {
             for publication in &executed.relay {
@@ -884,6 +914,40 @@ impl World {
             }
         }
         Some(executed)
+    }
+
+    /// A command, shortly: a script by the name in its header.
+    fn summary(&mut self, command: &[Vec<u8>]) -> String {
+        let text = |arg: &Vec<u8>| String::from_utf8_lossy(arg).into_owned();
+        let name = command.first().map(text).unwrap_or_default().to_ascii_uppercase();
+        if name == "EVAL" || name == "EVALSHA" {
+            let sha = if name == "EVAL" {
+                let source = command.get(1).map(text).unwrap_or_default();
+                let sha = sha1_smol::Sha1::from(source.as_bytes()).digest().to_string();
+                let label = source
+                    .lines()
+                    .filter(|line| {
+                        line.starts_with("-- ")
+                            && line[3..].split(':').next().is_some_and(|head| {
+                                !head.is_empty()
+                                    && head.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == ' ')
+                            })
+                            && line.contains(':')
+                    })
+                    .last()
+                    .map(|line| line[3..].split(':').next().unwrap_or("").to_owned())
+                    .unwrap_or_else(|| "script".to_owned());
+                self.scripts.insert(sha.clone(), label);
+                sha
+            } else {
+                command.get(1).map(text).unwrap_or_default()
+            };
+            let label = self.scripts.get(&sha).cloned().unwrap_or_else(|| sha[..8.min(sha.len())].to_owned());
+            let rest: Vec<String> = command.iter().skip(2).map(text).collect();
+            return short(&format!("{name} {label} {}", rest.join(" ")), 240);
+        }
+        let all: Vec<String> = command.iter().map(text).collect();
+        short(&all.join(" "), 160)
     }
 
     /// A request that reaches `target` late, on a connection of its own.
@@ -1359,6 +1423,17 @@ fn to_push(value: &Value) -> Option<PushInfo> {
         }
         _ => None,
     }
+}
+
+fn short(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 fn refused() -> RedisError {

@@ -115,11 +115,20 @@ impl SetAcquisition<'_> {
         // set's places in their lines.
         let mut start = busy;
         let mut refreshed: Option<Instant> = None;
+        // What the last round found unanswered: the error to return if the
+        // wait ends before the next round.
+        let mut last_unanswered: Option<LockError> = None;
         loop {
+            // No round is sent once the wait is over (a waiting call ends
+            // within its wait and one call deadline, §3).
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                let name = members[start].name;
+                return Err(last_unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+            }
             let notified = any_notified(&lines);
             share_ticket(&lines);
             let refresh = refreshed.is_none_or(|at| at.elapsed() >= PLACE_REFRESH);
-            let mut round = Round::of(members, &lines, respect, start, refresh).await?;
+            let mut round = Round::of(members, &lines, respect, start, refresh, deadline).await?;
             if round.every_key {
                 refreshed = Some(Instant::now());
             }
@@ -131,15 +140,21 @@ impl SetAcquisition<'_> {
                     .collect();
                 return finish(first, guards).await;
             }
-            round.give_back(&lines).await;
             let index = round.busy;
             start = index;
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
+                // What the round took is released in the background (its
+                // drop), not waited for past the wait.
                 let name = members[index].name;
-                return Err(round.unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+                return Err(round
+                    .unanswered
+                    .take()
+                    .unwrap_or_else(|| self.wait_timeout(name)));
             }
-            if round.unanswered.is_some() {
+            round.give_back(&lines).await;
+            last_unanswered = round.unanswered.take();
+            if last_unanswered.is_some() {
                 // As a single waiter does: not a reason to give up while
                 // the wait lasts.
                 let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
@@ -201,13 +216,15 @@ struct Round {
 
 impl Round {
     /// Tries the keys from `start` on, stopping at the first one not taken
-    /// unless `refresh` asks for every key.
+    /// unless `refresh` asks for every key, and at the wait's `deadline`:
+    /// no attempt after it (each attempt may take a call deadline).
     async fn of(
         members: &[&Acquisition<'_>],
         lines: &[Line],
         respect: Respect,
         start: usize,
         refresh: bool,
+        deadline: Option<Instant>,
     ) -> Result<Round, LockError> {
         let mut round = Round {
             taken: Vec::new(),
@@ -222,6 +239,11 @@ impl Round {
         for index in order {
             if (round.busy != usize::MAX || failed.is_some()) && !refresh {
                 round.every_key = false;
+                break;
+            }
+            if index != start && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                round.every_key = false;
+                round.busy_at(index);
                 break;
             }
             let (member, line) = (members[index], &lines[index]);
