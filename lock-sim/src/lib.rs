@@ -83,6 +83,19 @@ pub fn run(scenario: &str, seed: u64) -> Report {
 /// Runs `scenario` with `seed`; `trace`: every command and reply in the
 /// history too.
 pub fn run_traced(scenario: &str, seed: u64, trace: bool) -> Report {
+    // A thread of its own with room for the library's futures, which are
+    // large in an unoptimised build (a test thread's 2 MiB is not enough).
+    let scenario = scenario.to_owned();
+    std::thread::Builder::new()
+        .name(format!("lock-sim {scenario} {seed}"))
+        .stack_size(256 << 20)
+        .spawn(move || run_here(&scenario, seed, trace))
+        .expect("a simulation thread")
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+fn run_here(scenario: &str, seed: u64, trace: bool) -> Report {
     let backend = backend(scenario).unwrap_or_else(|| panic!("no scenario {scenario}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
