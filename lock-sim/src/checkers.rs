@@ -203,7 +203,12 @@ fn bounds(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             continue;
         }
         // A run's acquisition ends when its body starts: the same bound.
-        let bound = call.wait.unwrap_or(0) + call.deadline + 2 * facts.max_delay + 10_000;
+        // One call deadline for the call in flight when the wait ends, and
+        // the round trips of the calls before it (a plain try before the
+        // script, each key of a set taken key by key).
+        let round_trips = 2 + 2 * call.keys.len() as Micros;
+        let bound =
+            call.wait.unwrap_or(0) + call.deadline + round_trips * 2 * facts.max_delay + 10_000;
         if end - call.start > bound {
             violations.push(Violation {
                 kind: "bound",

@@ -321,6 +321,19 @@ impl Ctx<'_> {
         None
     }
 
+    /// What a release may take beyond one call deadline: a lock passed in
+    /// the process waits for its pass's outcome before anything is sent
+    /// with its token, at most until its validity ends (design §4).
+    fn release_allowance(&self, held: &[HeldLock]) -> Option<Micros> {
+        let now = self.env.now();
+        let until = held
+            .iter()
+            .map(|lock| self.env.micros(lock.valid_until()))
+            .max()
+            .unwrap_or(now);
+        Some((until - now).max(0))
+    }
+
     /// The end of a hold whose holder stops using it now.
     fn ends_now(&self, held: &[HeldLock], ended: Option<(Micros, &'static str)>) -> (Micros, &'static str) {
         if let Some(ended) = ended {
@@ -465,8 +478,7 @@ impl Ctx<'_> {
         let (end, why) = self.ends_now(&held, ended);
         let fence = guard.fencing_token();
         let release = env.begin(Call {
-            op: "release",
-            wait: None,
+            wait: self.release_allowance(&held),
             ..self.call(op, "release", vec![(name.to_owned(), mode)], nested)
         });
         let released = cancellable(op.cancel.map(|c| c * 3), guard.release()).await;
@@ -537,7 +549,7 @@ impl Ctx<'_> {
             let ended = self.ends_now(&[held.clone()], ended);
             // The rest of the run (its release) is a call of its own.
             let release = env.begin(Call {
-                wait: None,
+                wait: self.release_allowance(&[held.clone()]),
                 ..self.call(op, "run-release", vec![(name.to_owned(), mode)], nested)
             });
             if let Some(seen) = seen.lock().unwrap().as_mut() {
@@ -655,7 +667,7 @@ impl Ctx<'_> {
         let (end, why) = self.ends_now(&held, ended);
         let fence = guard.fencing_token();
         let release = env.begin(Call {
-            wait: None,
+            wait: self.release_allowance(&held),
             set: true,
             ..self.call(op, "release", keys.clone(), false)
         });

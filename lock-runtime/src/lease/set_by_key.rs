@@ -408,11 +408,22 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
                 Some(error)
             }
             Err(error) => {
-                give_back(taken).await;
+                if matches!(&error, LockError::Redis { source, .. } if retryable(source)) {
+                    drop(taken); // as below: in the background
+                } else {
+                    give_back(taken).await;
+                }
                 return Err(error);
             }
         };
-        give_back(taken).await;
+        if unanswered.is_some() {
+            // Its servers did not answer within a call deadline: what was
+            // taken is released in the background (each guard's drop), not
+            // waited for, so that the call ends within one deadline (§3).
+            drop(taken);
+        } else {
+            give_back(taken).await;
+        }
         return Ok(Tried::Busy { index, unanswered });
     }
     Ok(Tried::All(taken))
