@@ -41,6 +41,7 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     bounds(rec, facts, &mut violations);
     wrong_kind(rec, facts, &mut violations);
     progress(rec, facts, &mut violations);
+    starvation(rec, facts, &mut violations);
     for call in &rec.calls {
         if let Some(Outcome::Config(message)) = &call.outcome {
             violations.push(Violation {
@@ -322,5 +323,53 @@ fn progress(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                 until as f64 / 1000.0
             ),
         });
+    }
+}
+
+/// Sections of one key a waiting set may see run ahead of it while it
+/// waits: design §16 bounds them by the waiters queued ahead and the
+/// cohorts' passes; the real-process tests allow 40.
+const SET_STARVATION_BOUND: usize = 40;
+
+/// A set that waited while single-key waiters that came after it took one
+/// of its keys again and again.
+fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in rec.calls.iter().filter(|call| call.set && call.wait.is_some() && !call.nested) {
+        let (Some(end), Some(outcome)) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if !matches!(outcome, Outcome::Ok | Outcome::WaitTimeout) {
+            continue;
+        }
+        let joined = call.start + 4 * facts.max_delay + 5_000;
+        for (key, _) in &call.keys {
+            let ahead = rec
+                .holds
+                .iter()
+                .filter(|hold| {
+                    hold.key == *key
+                        && hold.start > joined
+                        && hold.start < end
+                        && rec.calls.get(hold.call).is_some_and(|taker| {
+                            !taker.set && taker.wait.is_some() && taker.start > joined
+                        })
+                })
+                .count();
+            if ahead > SET_STARVATION_BOUND {
+                violations.push(Violation {
+                    kind: "starvation",
+                    text: format!(
+                        "set call #{} (c{}.t{} {}) waited [{:.3} ms, {:.3} ms] and ended {:?} while {ahead} sections of {key} by waiters that came after it ran ahead of it (bound {SET_STARVATION_BOUND})",
+                        call.id,
+                        call.client,
+                        call.task,
+                        crate::history::keys_text(&call.keys),
+                        call.start as f64 / 1000.0,
+                        end as f64 / 1000.0,
+                        outcome
+                    ),
+                });
+            }
+        }
     }
 }

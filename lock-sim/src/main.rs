@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-sim replay --seed N --scenario NAME [--trace]\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\nscenarios: {}",
+        "usage: lock-sim replay --seed N --scenario NAME [--trace]\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\n       lock-sim hunt --scenario NAME[,NAME...] [--seeds N] [--first SEED]\nscenarios: {}",
         lock_sim::SCENARIOS.join(", ")
     );
     std::process::exit(2)
@@ -89,6 +89,39 @@ fn main() {
             if failed > 0 {
                 std::process::exit(1);
             }
+        }
+        "hunt" => {
+            // Seeds from --first until the first violation (mutants/hunt.sh).
+            let scenario = value("--scenario").unwrap_or_else(|| usage());
+            let scenarios: Vec<String> = scenario.split(',').map(str::to_owned).collect();
+            if scenarios.iter().any(|s| lock_sim::backend(s).is_none()) {
+                usage();
+            }
+            let seeds: u64 = value("--seeds").and_then(|s| s.parse().ok()).unwrap_or(1000);
+            let first: u64 = value("--first").and_then(|s| s.parse().ok()).unwrap_or(1);
+            let started = Instant::now();
+            let mut runs = 0u64;
+            for seed in first..first + seeds {
+                for scenario in &scenarios {
+                    runs += 1;
+                    let report = lock_sim::run(scenario, seed);
+                    if let Some(violation) = report.violations.first() {
+                        println!(
+                            "FOUND after {runs} runs (seed {seed}, scenario {scenario}) in {:.1} s: {}: {}",
+                            started.elapsed().as_secs_f64(),
+                            violation.kind,
+                            violation.text
+                        );
+                        println!("replay: {}", report.replay_line());
+                        return;
+                    }
+                }
+            }
+            println!(
+                "NOT FOUND in {runs} runs ({seeds} seeds) in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            std::process::exit(1);
         }
         _ => usage(),
     }
