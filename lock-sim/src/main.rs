@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lock-sim replay --seed N --scenario NAME [--trace]\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\n       lock-sim hunt --scenario NAME[,NAME...] [--seeds N] [--first SEED]\nscenarios: {}",
+        "usage: lock-sim replay --seed N --scenario NAME [--trace]\n       lock-sim run [--scenario NAME|all] [--seconds S] [--seeds N] [--first SEED]\n       lock-sim hunt --scenario NAME[,NAME...] [--kinds KIND,...] [--seeds N] [--first SEED]\nscenarios: {}",
         lock_sim::SCENARIOS.join(", ")
     );
     std::process::exit(2)
@@ -99,13 +99,21 @@ fn main() {
             }
             let seeds: u64 = value("--seeds").and_then(|s| s.parse().ok()).unwrap_or(1000);
             let first: u64 = value("--first").and_then(|s| s.parse().ok()).unwrap_or(1);
+            // Only violations of these kinds count (a hole's own), if given.
+            let kinds: Vec<String> = value("--kinds")
+                .map(|kinds| kinds.split(',').map(str::to_owned).collect())
+                .unwrap_or_default();
             let started = Instant::now();
             let mut runs = 0u64;
             for seed in first..first + seeds {
                 for scenario in &scenarios {
                     runs += 1;
                     let report = lock_sim::run(scenario, seed);
-                    if let Some(violation) = report.violations.first() {
+                    if let Some(violation) = report
+                        .violations
+                        .iter()
+                        .find(|violation| kinds.is_empty() || kinds.iter().any(|kind| kind == violation.kind))
+                    {
                         println!(
                             "FOUND after {runs} runs (seed {seed}, scenario {scenario}) in {:.1} s: {}: {}",
                             started.elapsed().as_secs_f64(),
