@@ -13,6 +13,9 @@ pub struct Violation {
     pub text: String,
 }
 
+/// For a key: the nodes that serve it, and how many of them must answer.
+pub type Serving = Box<dyn Fn(&str) -> (Vec<usize>, usize)>;
+
 /// What the checkers know of the run besides its history.
 pub struct Facts {
     /// Intervals in which writes may have been lost (excuse overlaps).
@@ -22,7 +25,7 @@ pub struct Facts {
     /// Each client's pauses.
     pub pauses: BTreeMap<usize, Vec<(Micros, Micros)>>,
     /// For a key: the nodes that serve it, and how many must answer.
-    pub serving: Box<dyn Fn(&str) -> (Vec<usize>, usize)>,
+    pub serving: Serving,
     /// The longest one-way delay of a message.
     pub max_delay: Micros,
     pub healed: Micros,
@@ -46,7 +49,10 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
         if let Some(Outcome::Config(message)) = &call.outcome {
             violations.push(Violation {
                 kind: "config-error",
-                text: format!("call #{} ({}) failed with a configuration error: {message}", call.id, call.op),
+                text: format!(
+                    "call #{} ({}) failed with a configuration error: {message}",
+                    call.id, call.op
+                ),
             });
         }
     }
@@ -188,10 +194,11 @@ fn fencing(rec: &Recorder, violations: &mut Vec<Violation>) {
 }
 
 fn paused_during(facts: &Facts, call: &Call, end: Micros) -> bool {
-    facts
-        .pauses
-        .get(&call.client)
-        .is_some_and(|pauses| pauses.iter().any(|&(from, to)| from < end && to > call.start))
+    facts.pauses.get(&call.client).is_some_and(|pauses| {
+        pauses
+            .iter()
+            .any(|&(from, to)| from < end && to > call.start)
+    })
 }
 
 /// A call past its wait plus one call deadline (plus a round trip).
@@ -231,7 +238,13 @@ fn bounds(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
 
 /// Whether at some instant of `[from, to]` at least `needed` of `nodes`
 /// answered.
-fn reachable_at_some_point(facts: &Facts, nodes: &[usize], needed: usize, from: Micros, to: Micros) -> bool {
+fn reachable_at_some_point(
+    facts: &Facts,
+    nodes: &[usize],
+    needed: usize,
+    from: Micros,
+    to: Micros,
+) -> bool {
     let mut instants = vec![from];
     for node in nodes {
         for &(_, out_to) in facts.outages.get(node).into_iter().flatten() {
@@ -275,7 +288,10 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                 && other.id != call.id
                 && other.start < end
                 && other.end.is_none_or(|other_end| other_end > call.start)
-                && other.keys.iter().any(|(key, _)| call.keys.iter().any(|(mine, _)| mine == key))
+                && other
+                    .keys
+                    .iter()
+                    .any(|(key, _)| call.keys.iter().any(|(mine, _)| mine == key))
         });
         if local {
             continue;
@@ -312,7 +328,9 @@ fn progress(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
     let progressed = rec.calls.iter().any(|call| {
         matches!(call.op, "acquire" | "try" | "run")
             && call.outcome == Some(Outcome::Ok)
-            && call.end.is_some_and(|end| end >= facts.healed && end <= until)
+            && call
+                .end
+                .is_some_and(|end| end >= facts.healed && end <= until)
     });
     if !progressed {
         violations.push(Violation {
@@ -334,7 +352,11 @@ const SET_STARVATION_BOUND: usize = 40;
 /// A set that waited while single-key waiters that came after it took one
 /// of its keys again and again.
 fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
-    for call in rec.calls.iter().filter(|call| call.set && call.wait.is_some() && !call.nested) {
+    for call in rec
+        .calls
+        .iter()
+        .filter(|call| call.set && call.wait.is_some() && !call.nested)
+    {
         let (Some(end), Some(outcome)) = (call.end, &call.outcome) else {
             continue;
         };

@@ -114,9 +114,13 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
             let mut ids = Vec::new();
             for shard in 0..3 {
                 let mut nodes = Vec::new();
-                for (role, name) in [("p", format!("p{}", shard + 1)), ("r", format!("r{}", shard + 1))] {
+                for (role, name) in [
+                    ("p", format!("p{}", shard + 1)),
+                    ("r", format!("r{}", shard + 1)),
+                ] {
                     let id = format!("{:0>40}", format!("{name}"));
-                    let config = NodeConfig::new(host(&name), PORT).with_cluster(topology.clone(), id.clone());
+                    let config = NodeConfig::new(host(&name), PORT)
+                        .with_cluster(topology.clone(), id.clone());
                     let mut node = Node::new(config);
                     node.set_clock_skew_us(skew(rng));
                     let at = world.add_node(node, &name);
@@ -135,7 +139,11 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
                 }
                 let per = SLOTS / 3;
                 let first = shard as u16 * per;
-                let last = if shard == 2 { SLOTS - 1 } else { first + per - 1 };
+                let last = if shard == 2 {
+                    SLOTS - 1
+                } else {
+                    first + per - 1
+                };
                 topology.borrow_mut().assign(first, last, &ids[nodes[0]]);
                 topology
                     .borrow_mut()
@@ -214,7 +222,12 @@ fn best_replica(world: &World, candidates: &[usize]) -> Option<usize> {
         .iter()
         .copied()
         .filter(|&n| world.available(n))
-        .max_by_key(|&n| (world.nodes[n].node.replication_offset(), std::cmp::Reverse(n)))
+        .max_by_key(|&n| {
+            (
+                world.nodes[n].node.replication_offset(),
+                std::cmp::Reverse(n),
+            )
+        })
 }
 
 /// The deployment's own steps.
@@ -261,7 +274,11 @@ pub fn act(world: &mut World, action: Action) {
                 let config = world.nodes[to].node.config();
                 (config.host.clone(), config.port)
             };
-            world.note(format!("deploy: sentinel s{} announces +switch-master to {}", sentinel + 1, world.nodes[to].name));
+            world.note(format!(
+                "deploy: sentinel s{} announces +switch-master to {}",
+                sentinel + 1,
+                world.nodes[to].name
+            ));
             let deliveries = world.sentinels[sentinel]
                 .node
                 .switch_master(MASTER, &host, port);

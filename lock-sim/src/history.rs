@@ -14,7 +14,10 @@ pub enum Mode {
     Read,
     Write,
     /// Permits of a semaphore of `capacity`.
-    Permits { permits: u32, capacity: u32 },
+    Permits {
+        permits: u32,
+        capacity: u32,
+    },
 }
 
 impl std::fmt::Display for Mode {
@@ -188,7 +191,9 @@ impl Recorder {
             hold.end as f64 / 1000.0,
             hold.fence.map_or("-".to_owned(), |fence| fence.to_string()),
             hold.why_ended,
-            hold.released.as_ref().map_or("-".to_owned(), Outcome::short)
+            hold.released
+                .as_ref()
+                .map_or("-".to_owned(), Outcome::short)
         );
         self.lines.push((hold.end, text));
         self.holds.push(hold);

@@ -146,9 +146,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
         let mut config: Config = base
             .network(network)
             .random_seed(client.seed)
-            .wall_clock(move || {
-                UNIX_EPOCH + Duration::from_micros(epoch as u64) + start.elapsed()
-            })
+            .wall_clock(move || UNIX_EPOCH + Duration::from_micros(epoch as u64) + start.elapsed())
             .instance(format!("c{at}"))
             .connect_timeout(client.connect_timeout)
             .response_timeout(client.response_timeout);
@@ -192,7 +190,10 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
         match tokio::time::timeout(Duration::from_micros(left.max(0) as u64), handle).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => hung.push(format!("task {name} panicked: {error}")),
-            Err(_) => hung.push(format!("task {name} still running {:.3} ms after the workload's end", (give_up - plan.end) as f64 / 1000.0)),
+            Err(_) => hung.push(format!(
+                "task {name} still running {:.3} ms after the workload's end",
+                (give_up - plan.end) as f64 / 1000.0
+            )),
         }
     }
     let finished = shared.with(|world| world.now());
@@ -221,14 +222,17 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
     let end = shared.with(|world| {
         let now = world.now();
         world.close_intervals(now);
-        world.note(format!("end: tasks finished at {:.3} ms", finished as f64 / 1000.0));
+        world.note(format!(
+            "end: tasks finished at {:.3} ms",
+            finished as f64 / 1000.0
+        ));
         now
     });
     let _ = end;
     let report = shared.with(|world| {
         let nodes = world.nodes.len();
         let quorum = matches!(backend, Backend::Quorum(_));
-        let serving: Box<dyn Fn(&str) -> (Vec<usize>, usize)> = match backend {
+        let serving: checkers::Serving = match backend {
             Backend::Cluster => {
                 let shards: Vec<Vec<usize>> = (0..3).map(|s| vec![2 * s, 2 * s + 1]).collect();
                 Box::new(move |key: &str| {

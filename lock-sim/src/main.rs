@@ -26,12 +26,15 @@ fn main() {
     };
     match command.as_str() {
         "replay" => {
-            let seed: u64 = value("--seed").and_then(|s| s.parse().ok()).unwrap_or_else(|| usage());
+            let seed: u64 = value("--seed")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
             let scenario = value("--scenario").unwrap_or_else(|| usage());
             if lock_sim::backend(&scenario).is_none() {
                 usage();
             }
-            let report = lock_sim::run_traced(&scenario, seed, args.iter().any(|arg| arg == "--trace"));
+            let report =
+                lock_sim::run_traced(&scenario, seed, args.iter().any(|arg| arg == "--trace"));
             print!("{}", report.history);
             if report.violations.is_empty() {
                 println!("seed {seed} scenario {scenario}: no violation");
@@ -54,7 +57,11 @@ fn main() {
             let seconds: Option<u64> = value("--seconds").and_then(|s| s.parse().ok());
             let seeds: Option<u64> = value("--seeds").and_then(|s| s.parse().ok());
             let first: u64 = value("--first").and_then(|s| s.parse().ok()).unwrap_or(1);
-            let limit = Duration::from_secs(seconds.unwrap_or(if seeds.is_some() { u64::MAX / 4 } else { 60 }));
+            let limit = Duration::from_secs(seconds.unwrap_or(if seeds.is_some() {
+                u64::MAX / 4
+            } else {
+                60
+            }));
             let started = Instant::now();
             let (mut runs, mut failed, mut virtual_us, mut calls) = (0u64, 0u64, 0i64, 0usize);
             let mut seed = first;
@@ -69,7 +76,10 @@ fn main() {
                     calls += report.calls;
                     if !report.violations.is_empty() {
                         failed += 1;
-                        println!("FAILED seed {seed} scenario {scenario}: {} violation(s)", report.violations.len());
+                        println!(
+                            "FAILED seed {seed} scenario {scenario}: {} violation(s)",
+                            report.violations.len()
+                        );
                         for violation in report.violations.iter().take(3) {
                             println!("  {}: {}", violation.kind, violation.text);
                         }
@@ -97,7 +107,9 @@ fn main() {
             if scenarios.iter().any(|s| lock_sim::backend(s).is_none()) {
                 usage();
             }
-            let seeds: u64 = value("--seeds").and_then(|s| s.parse().ok()).unwrap_or(1000);
+            let seeds: u64 = value("--seeds")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1000);
             let first: u64 = value("--first").and_then(|s| s.parse().ok()).unwrap_or(1);
             // Only violations of these kinds count (a hole's own), if given.
             let kinds: Vec<String> = value("--kinds")
@@ -109,11 +121,9 @@ fn main() {
                 for scenario in &scenarios {
                     runs += 1;
                     let report = lock_sim::run(scenario, seed);
-                    if let Some(violation) = report
-                        .violations
-                        .iter()
-                        .find(|violation| kinds.is_empty() || kinds.iter().any(|kind| kind == violation.kind))
-                    {
+                    if let Some(violation) = report.violations.iter().find(|violation| {
+                        kinds.is_empty() || kinds.iter().any(|kind| kind == violation.kind)
+                    }) {
                         println!(
                             "FOUND after {runs} runs (seed {seed}, scenario {scenario}) in {:.1} s: {}: {}",
                             started.elapsed().as_secs_f64(),

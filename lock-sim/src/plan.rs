@@ -80,7 +80,11 @@ impl Plan {
             ttl_ms,
             wait_ms: if short { 300 } else { rng.range(300, 3_000) },
             steps: rng.range(1, 5),
-            step_ms: if short { rng.range(1, 60) } else { rng.range(1, 600) },
+            step_ms: if short {
+                rng.range(1, 60)
+            } else {
+                rng.range(1, 600)
+            },
             idle_ms: rng.range(0, 30),
             fair_ok: !quorum,
         };
@@ -173,10 +177,16 @@ impl Plan {
                 2 => {
                     // Over a quorum, a node restarts empty only after the
                     // longest ttl (RedLock's delayed restart).
-                    let down = if quorum { lasting + max_ttl + 100 * MS } else { lasting };
+                    let down = if quorum {
+                        lasting + max_ttl + 100 * MS
+                    } else {
+                        lasting
+                    };
                     faults.push((at, Action::Kill(node)));
                     faults.push((at + down, Action::Restart(node)));
-                    summary.push(format!("kill node {node} at {at}, restart empty after {down} us"));
+                    summary.push(format!(
+                        "kill node {node} at {at}, restart empty after {down} us"
+                    ));
                     healed = healed.max(at + down + failover);
                 }
                 3 => {
@@ -194,7 +204,9 @@ impl Plan {
                     Backend::Sentinel => {
                         let hold_us = rng.range(300, 3_000) as Micros * MS;
                         faults.push((at, Action::ManualFailover { hold_us }));
-                        summary.push(format!("manual failover at {at}, old primary writable {hold_us} us"));
+                        summary.push(format!(
+                            "manual failover at {at}, old primary writable {hold_us} us"
+                        ));
                         healed = healed.max(at + hold_us + failover);
                     }
                     _ => {
@@ -211,7 +223,9 @@ impl Plan {
                     };
                     faults.push((at, Action::Link(replica, false)));
                     faults.push((at + lasting, Action::Link(replica, true)));
-                    summary.push(format!("cut replication to node {replica} at {at} for {lasting} us"));
+                    summary.push(format!(
+                        "cut replication to node {replica} at {at} for {lasting} us"
+                    ));
                     healed = healed.max(at + lasting);
                 }
             }

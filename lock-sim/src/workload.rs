@@ -335,7 +335,11 @@ impl Ctx<'_> {
     }
 
     /// The end of a hold whose holder stops using it now.
-    fn ends_now(&self, held: &[HeldLock], ended: Option<(Micros, &'static str)>) -> (Micros, &'static str) {
+    fn ends_now(
+        &self,
+        held: &[HeldLock],
+        ended: Option<(Micros, &'static str)>,
+    ) -> (Micros, &'static str) {
         if let Some(ended) = ended {
             return ended;
         }
@@ -432,7 +436,12 @@ impl Ctx<'_> {
     async fn single_guard(&self, op: &Op, lock: &Lock, name: &str, mode: Mode, nested: bool) {
         let env = self.env;
         let try_only = op.wait.is_none();
-        let mut call = self.call(op, if try_only { "try" } else { "acquire" }, vec![(name.to_owned(), mode)], nested);
+        let mut call = self.call(
+            op,
+            if try_only { "try" } else { "acquire" },
+            vec![(name.to_owned(), mode)],
+            nested,
+        );
         call.wait = op.wait.map(|wait| wait.as_micros() as Micros);
         let call_start = call.start;
         let id = env.begin(call);
@@ -452,14 +461,17 @@ impl Ctx<'_> {
         let start = env.now();
         let reentrant = guard.is_reentrant();
         if reentrant {
-            env.shared.with(|world| world.rec.calls[id].reentrant = true);
+            env.shared
+                .with(|world| world.rec.calls[id].reentrant = true);
         }
         env.end(
             id,
             Outcome::Ok,
             format!(
                 " fence={} valid_until={:.3}{}",
-                guard.fencing_token().map_or("-".to_owned(), |t| t.to_string()),
+                guard
+                    .fencing_token()
+                    .map_or("-".to_owned(), |t| t.to_string()),
                 env.micros(guard.valid_until()) as f64 / 1000.0,
                 if reentrant { " reentrant" } else { "" }
             ),
@@ -508,8 +520,15 @@ impl Ctx<'_> {
     /// `Lock::run` (or the attribute's entry) with a body made by `body`
     /// from the held lock; the body returns when its hold ended by its own
     /// account (`None`: still valid).
-    async fn single_run<B, F>(&self, op: &Op, lock: &Lock, name: &str, mode: Mode, nested: bool, body: B)
-    where
+    async fn single_run<B, F>(
+        &self,
+        op: &Op,
+        lock: &Lock,
+        name: &str,
+        mode: Mode,
+        nested: bool,
+        body: B,
+    ) where
         B: FnOnce(HeldLock) -> F,
         F: Future<Output = Option<(Micros, &'static str)>>,
     {
@@ -532,7 +551,8 @@ impl Ctx<'_> {
                 Outcome::Ok,
                 format!(
                     " fence={} valid_until={:.3}",
-                    held.fencing_token().map_or("-".to_owned(), |t| t.to_string()),
+                    held.fencing_token()
+                        .map_or("-".to_owned(), |t| t.to_string()),
                     env.micros(held.valid_until()) as f64 / 1000.0
                 ),
             );
@@ -546,10 +566,10 @@ impl Ctx<'_> {
                 });
             }
             let ended = body(held.clone()).await;
-            let ended = self.ends_now(&[held.clone()], ended);
+            let ended = self.ends_now(std::slice::from_ref(&held), ended);
             // The rest of the run (its release) is a call of its own.
             let release = env.begin(Call {
-                wait: self.release_allowance(&[held.clone()]),
+                wait: self.release_allowance(std::slice::from_ref(&held)),
                 ..self.call(op, "run-release", vec![(name.to_owned(), mode)], nested)
             });
             if let Some(seen) = seen.lock().unwrap().as_mut() {
@@ -562,11 +582,22 @@ impl Ctx<'_> {
             Api::Attribute => {
                 cancellable(
                     op.cancel,
-                    lock_runtime::__private::run(lock.clone(), "lock_sim::task", "sim:<key>", inner, not_acquired),
+                    lock_runtime::__private::run(
+                        lock.clone(),
+                        "lock_sim::task",
+                        "sim:<key>",
+                        inner,
+                        not_acquired,
+                    ),
                 )
                 .await
             }
-            _ => cancellable(op.cancel, async { lock.run(inner).await.and_then(|inner| inner) }).await,
+            _ => {
+                cancellable(op.cancel, async {
+                    lock.run(inner).await.and_then(|inner| inner)
+                })
+                .await
+            }
         };
         let seen = seen.lock().unwrap().take();
         let Some(seen) = seen else {
@@ -581,7 +612,7 @@ impl Ctx<'_> {
         let (end, why) = match seen.ended {
             Some(ended) => ended,
             // Dropped (cancelled) or stopped on loss in the middle.
-            None => self.ends_now(&[seen.held.clone()], None),
+            None => self.ends_now(std::slice::from_ref(&seen.held), None),
         };
         let outcome = match &ran {
             None => Outcome::Cancelled,
@@ -626,9 +657,17 @@ impl Ctx<'_> {
         if let Some(at_least) = op.hold_at_least {
             set = set.hold_at_least(at_least);
         }
-        let keys: Vec<(String, Mode)> = names.iter().map(|name| (name.clone(), Mode::Exclusive)).collect();
+        let keys: Vec<(String, Mode)> = names
+            .iter()
+            .map(|name| (name.clone(), Mode::Exclusive))
+            .collect();
         let try_only = op.wait.is_none();
-        let mut call = self.call(op, if try_only { "try" } else { "acquire" }, keys.clone(), false);
+        let mut call = self.call(
+            op,
+            if try_only { "try" } else { "acquire" },
+            keys.clone(),
+            false,
+        );
         call.set = true;
         let call_start = call.start;
         let id = env.begin(call);
@@ -650,7 +689,12 @@ impl Ctx<'_> {
         env.end(
             id,
             Outcome::Ok,
-            format!(" fence={}", guard.fencing_token().map_or("-".to_owned(), |t| t.to_string())),
+            format!(
+                " fence={}",
+                guard
+                    .fencing_token()
+                    .map_or("-".to_owned(), |t| t.to_string())
+            ),
         );
         if let Some(token) = guard.fencing_token() {
             for name in names {
@@ -706,9 +750,14 @@ impl Ctx<'_> {
         let lock_y = self.lock(&op_y, y, Mode::Exclusive);
         let op_y = &op_y;
         self.single_run(op, &lock_x, x, Mode::Exclusive, false, |_outer| async {
-            self.single_run(op_y, &lock_y, y, Mode::Exclusive, true, |inner| async move {
-                self.reentrant_set(op_y, x, y, inner).await
-            })
+            self.single_run(
+                op_y,
+                &lock_y,
+                y,
+                Mode::Exclusive,
+                true,
+                |inner| async move { self.reentrant_set(op_y, x, y, inner).await },
+            )
             .await;
             None
         })
@@ -716,11 +765,27 @@ impl Ctx<'_> {
     }
 
     /// A fenced set of locks all held further up this task.
-    async fn reentrant_set(&self, op: &Op, x: &str, y: &str, inner: HeldLock) -> Option<(Micros, &'static str)> {
+    async fn reentrant_set(
+        &self,
+        op: &Op,
+        x: &str,
+        y: &str,
+        inner: HeldLock,
+    ) -> Option<(Micros, &'static str)> {
         let env = self.env;
         let client = env.clients[self.client].clone();
-        let set = Lock::all([x.to_owned(), y.to_owned()]).fencing().client(client);
-        let mut call = self.call(op, "run", vec![(x.to_owned(), Mode::Exclusive), (y.to_owned(), Mode::Exclusive)], true);
+        let set = Lock::all([x.to_owned(), y.to_owned()])
+            .fencing()
+            .client(client);
+        let mut call = self.call(
+            op,
+            "run",
+            vec![
+                (x.to_owned(), Mode::Exclusive),
+                (y.to_owned(), Mode::Exclusive),
+            ],
+            true,
+        );
         call.set = true;
         call.reentrant = true;
         let id = env.begin(call);
@@ -728,7 +793,14 @@ impl Ctx<'_> {
         let result = set
             .run(async {
                 let token = lock_runtime::current().and_then(|lock| lock.fencing_token());
-                env.end(id, Outcome::Ok, format!(" fence={}", token.map_or("-".into(), |t: u64| t.to_string())));
+                env.end(
+                    id,
+                    Outcome::Ok,
+                    format!(
+                        " fence={}",
+                        token.map_or("-".into(), |t: u64| t.to_string())
+                    ),
+                );
                 if let Some(token) = token {
                     let at = env.now();
                     for key in [x, y] {

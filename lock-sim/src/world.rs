@@ -158,12 +158,19 @@ struct ConnState {
     queued: VecDeque<Batch>,
 }
 
+/// A batch a paused client sent: its connection, commands and reply.
+type Held = (
+    u64,
+    Vec<Vec<Vec<u8>>>,
+    oneshot::Sender<RedisResult<Vec<Value>>>,
+);
+
 /// What a client's network knows of it.
 #[derive(Default)]
 pub struct ClientNet {
     pub paused: bool,
     /// What it sent while paused (sent when it resumes).
-    outbox: Vec<(u64, Vec<Vec<Vec<u8>>>, oneshot::Sender<RedisResult<Vec<Value>>>)>,
+    outbox: Vec<Held>,
     /// What reached it while paused (delivered when it resumes).
     inbox: Vec<Event>,
 }
@@ -183,16 +190,29 @@ pub enum Action {
     Link(usize, bool),
     /// Sentinel or the Cluster checks whether a primary it found silent is
     /// still so, and fails it over (`generation`: no failover since).
-    CheckFailover { node: usize, generation: u64 },
+    CheckFailover {
+        node: usize,
+        generation: u64,
+    },
     /// `SENTINEL FAILOVER`: the old primary keeps accepting writes for
     /// `hold_us` before it is made a replica.
-    ManualFailover { hold_us: i64 },
+    ManualFailover {
+        hold_us: i64,
+    },
     /// `CLUSTER FAILOVER TAKEOVER` on a shard's replica.
-    ClusterTakeover { shard: usize },
+    ClusterTakeover {
+        shard: usize,
+    },
     /// A former primary is made a replica of `to`.
-    Demote { node: usize, to: usize },
+    Demote {
+        node: usize,
+        to: usize,
+    },
     /// A sentinel announces `+switch-master` to `to`.
-    Announce { sentinel: usize, to: usize },
+    Announce {
+        sentinel: usize,
+        to: usize,
+    },
     /// Messages are no longer lost, late or much delayed.
     CalmNetwork,
 }
@@ -388,7 +408,9 @@ impl World {
         self.nodes[replica].needs_sync = true;
         self.nodes[replica].link_up = true;
         let acked = 0;
-        self.nodes[primary].node.attach_replica(&rhost, rport, acked);
+        self.nodes[primary]
+            .node
+            .attach_replica(&rhost, rport, acked);
         self.schedule_replication(replica);
     }
 
@@ -488,7 +510,11 @@ impl World {
     // --- connections -------------------------------------------------------
 
     /// Opens a connection of `client` to `address`, or refuses it.
-    pub fn open(&mut self, client: usize, address: &str) -> RedisResult<(u64, mpsc::UnboundedReceiver<PushInfo>)> {
+    pub fn open(
+        &mut self,
+        client: usize,
+        address: &str,
+    ) -> RedisResult<(u64, mpsc::UnboundedReceiver<PushInfo>)> {
         let Some(&target) = self.addresses.get(address) else {
             return Err(refused());
         };
@@ -740,8 +766,11 @@ impl World {
                 if self.nodes[n].stalled {
                     if self.trace {
                         let client = self.conns.get(&conn).map_or(0, |state| state.client);
-                        let summary: Vec<String> =
-                            batch.commands.iter().map(|command| self.summary(command)).collect();
+                        let summary: Vec<String> = batch
+                            .commands
+                            .iter()
+                            .map(|command| self.summary(command))
+                            .collect();
                         let text = format!(
                             "net: c{client} conn {conn} -> {} (stalled, parked): {}",
                             self.nodes[n].name,
@@ -919,22 +948,29 @@ impl World {
     /// A command, shortly: a script by the name in its header.
     fn summary(&mut self, command: &[Vec<u8>]) -> String {
         let text = |arg: &Vec<u8>| String::from_utf8_lossy(arg).into_owned();
-        let name = command.first().map(text).unwrap_or_default().to_ascii_uppercase();
+        let name = command
+            .first()
+            .map(text)
+            .unwrap_or_default()
+            .to_ascii_uppercase();
         if name == "EVAL" || name == "EVALSHA" {
             let sha = if name == "EVAL" {
                 let source = command.get(1).map(text).unwrap_or_default();
-                let sha = sha1_smol::Sha1::from(source.as_bytes()).digest().to_string();
+                let sha = sha1_smol::Sha1::from(source.as_bytes())
+                    .digest()
+                    .to_string();
                 let label = source
                     .lines()
-                    .filter(|line| {
+                    .rfind(|line| {
                         line.starts_with("-- ")
                             && line[3..].split(':').next().is_some_and(|head| {
                                 !head.is_empty()
-                                    && head.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == ' ')
+                                    && head
+                                        .chars()
+                                        .all(|c| c.is_ascii_uppercase() || c == '_' || c == ' ')
                             })
                             && line.contains(':')
                     })
-                    .last()
                     .map(|line| line[3..].split(':').next().unwrap_or("").to_owned())
                     .unwrap_or_else(|| "script".to_owned());
                 self.scripts.insert(sha.clone(), label);
@@ -942,7 +978,11 @@ impl World {
             } else {
                 command.get(1).map(text).unwrap_or_default()
             };
-            let label = self.scripts.get(&sha).cloned().unwrap_or_else(|| sha[..8.min(sha.len())].to_owned());
+            let label = self
+                .scripts
+                .get(&sha)
+                .cloned()
+                .unwrap_or_else(|| sha[..8.min(sha.len())].to_owned());
             let rest: Vec<String> = command.iter().skip(2).map(text).collect();
             return short(&format!("{name} {label} {}", rest.join(" ")), 240);
         }
@@ -1046,7 +1086,8 @@ impl World {
         self.nodes[replica].repl_scheduled = true;
         let delay = self
             .rng
-            .range(self.net.repl_min_us as u64, self.net.repl_max_us as u64) as Micros;
+            .range(self.net.repl_min_us as u64, self.net.repl_max_us as u64)
+            as Micros;
         let at = self.now() + delay;
         self.schedule(at, Event::Replicate { replica });
     }
@@ -1104,7 +1145,9 @@ impl World {
         }
         self.deliver(Target::Node(replica), deliveries);
         let offset = self.nodes[replica].node.replication_offset();
-        self.nodes[primary].node.replica_acked(&rhost, rport, offset);
+        self.nodes[primary]
+            .node
+            .replica_acked(&rhost, rport, offset);
         self.answer_waits(primary);
         if self.nodes[primary].node.replication_offset() > offset {
             self.schedule_replication(replica);
@@ -1310,7 +1353,9 @@ impl World {
     /// Replication involving `node` goes on (it resumed).
     fn kick_replication(&mut self, node: usize) {
         let involved: Vec<usize> = (0..self.nodes.len())
-            .filter(|&r| r == node && self.nodes[r].follows.is_some() || self.nodes[r].follows == Some(node))
+            .filter(|&r| {
+                r == node && self.nodes[r].follows.is_some() || self.nodes[r].follows == Some(node)
+            })
             .collect();
         for r in involved {
             self.schedule_replication(r);

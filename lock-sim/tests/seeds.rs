@@ -61,7 +61,11 @@ fn a_seed_replays_the_same_history() {
     for name in lock_sim::SCENARIOS {
         let first = lock_sim::run(name, 7);
         let second = lock_sim::run(name, 7);
-        assert!(first.calls > 50, "{name}: a run makes calls ({})", first.calls);
+        assert!(
+            first.calls > 50,
+            "{name}: a run makes calls ({})",
+            first.calls
+        );
         if first.history != second.history {
             let diff = first
                 .history
