@@ -45,6 +45,7 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     wrong_kind(rec, facts, &mut violations);
     progress(rec, facts, &mut violations);
     starvation(rec, facts, &mut violations);
+    expired_grants(rec, facts, &mut violations);
     for call in &rec.calls {
         if let Some(Outcome::Config(message)) = &call.outcome {
             violations.push(Violation {
@@ -393,5 +394,36 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                 });
             }
         }
+    }
+}
+
+/// An acquisition that returned a lock whose validity, by the library's
+/// own account, was already over: its holder would start its body with no
+/// time left (a request that sat in a stalled server longer than its ttl).
+/// The library never hands such a lock out (`lease/hold.rs`, `late_reply`).
+/// A reentrant entry shares its outer hold and is exempt, as is a client
+/// paused meanwhile (its timers jumped past the validity as the call
+/// returned).
+fn expired_grants(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in &rec.calls {
+        let (Some(end), Some(until)) = (call.end, call.granted_until) else {
+            continue;
+        };
+        if call.reentrant || until > end || paused_during(facts, call, end) {
+            continue;
+        }
+        violations.push(Violation {
+            kind: "expired-grant",
+            text: format!(
+                "call #{} (c{}.t{} {} {}) returned a lock at {:.3} ms whose validity had ended at {:.3} ms",
+                call.id,
+                call.client,
+                call.task,
+                call.op,
+                crate::history::keys_text(&call.keys),
+                end as f64 / 1000.0,
+                until as f64 / 1000.0
+            ),
+        });
     }
 }

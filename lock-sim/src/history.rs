@@ -100,6 +100,9 @@ pub struct Call {
     pub nested: bool,
     /// Whether it re-entered a lock its task holds.
     pub reentrant: bool,
+    /// For an acquisition that returned a lock: the end of the validity the
+    /// library gave it then (`HeldLock::valid_until`; a set's smallest).
+    pub granted_until: Option<Micros>,
 }
 
 /// One holder's hold of one key, by the library's own account: from the

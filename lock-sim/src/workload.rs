@@ -83,6 +83,12 @@ impl Env {
         })
     }
 
+    /// The acquisition `id` returned a lock valid until `until`.
+    fn granted(&self, id: usize, until: Micros) {
+        self.shared
+            .with(|world| world.rec.calls[id].granted_until = Some(until))
+    }
+
     fn hold(&self, hold: Hold) {
         self.shared.with(|world| world.rec.hold(hold))
     }
@@ -365,6 +371,7 @@ impl Ctx<'_> {
             set: false,
             nested,
             reentrant: false,
+            granted_until: None,
         }
     }
 
@@ -460,6 +467,7 @@ impl Ctx<'_> {
         };
         let start = env.now();
         let reentrant = guard.is_reentrant();
+        env.granted(id, env.micros(guard.valid_until()));
         if reentrant {
             env.shared
                 .with(|world| world.rec.calls[id].reentrant = true);
@@ -540,6 +548,7 @@ impl Ctx<'_> {
         let inner = async {
             let held = lock_runtime::current().expect("a body sees its lock");
             let start = env.now();
+            env.granted(id, env.micros(held.valid_until()));
             *seen.lock().unwrap() = Some(Seen {
                 start,
                 held: held.clone(),
@@ -686,6 +695,9 @@ impl Ctx<'_> {
         };
         let start = env.now();
         let held: Vec<HeldLock> = guard.locks().cloned().collect();
+        if let Some(until) = held.iter().map(|lock| env.micros(lock.valid_until())).min() {
+            env.granted(id, until);
+        }
         env.end(
             id,
             Outcome::Ok,

@@ -49,7 +49,15 @@ impl SetAcquisition<'_> {
         members: &[&Acquisition<'_>],
     ) -> Result<Vec<LockGuard>, LockError> {
         let (index, unanswered) = match try_each(members, self.wait.is_some()).await? {
-            Tried::All(guards) => return finish(members[0], guards).await,
+            Tried::All(guards) => match finish(members, guards, self.started).await? {
+                Finished::Set(guards) => return Ok(guards),
+                Finished::Expired(index, error) => {
+                    if self.wait.is_none() {
+                        return Err(error);
+                    }
+                    (index, Some(error))
+                }
+            },
             Tried::Busy { index, unanswered } => (index, unanswered),
         };
         let name = members[index].name;
@@ -135,10 +143,19 @@ impl SetAcquisition<'_> {
             if round.taken.len() == members.len() {
                 let guards = round
                     .taken
-                    .into_iter()
+                    .drain(..)
                     .map(|mut taken| members[taken.index].guard_of(taken.keep()))
                     .collect();
-                return finish(first, guards).await;
+                match finish(members, guards, self.started).await? {
+                    Finished::Set(guards) => return Ok(guards),
+                    // Released in the background; tried again, as after
+                    // a round whose servers did not answer, while the wait
+                    // lasts.
+                    Finished::Expired(index, error) => {
+                        round.busy = index;
+                        round.unanswered = Some(error);
+                    }
+                }
             }
             let index = round.busy;
             start = index;
@@ -182,6 +199,42 @@ impl SetAcquisition<'_> {
             wait_for(notified, pause).await;
         }
     }
+}
+
+/// A key of the set, all taken now, whose validity is already over: taken
+/// key by key, the set took longer than that key's ttl (round trips to a
+/// slow server, a ttl shorter than them). The set is not handed out, as a
+/// lone lock whose reply came after its validity is not
+/// (`hold::late_reply`): its index among `members` and the error.
+fn expired_key(
+    members: &[&Acquisition<'_>],
+    guards: &[LockGuard],
+    started: Instant,
+) -> Option<(usize, LockError)> {
+    let now = Instant::now();
+    let hold = guards
+        .iter()
+        .map(LockGuard::hold)
+        .find(|hold| hold.valid_until() <= now)?;
+    let index = members
+        .iter()
+        .position(|member| member.keys.lock == hold.keys.lock)
+        .unwrap_or(0);
+    let source = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the set's keys took {:?} to take, and the validity of `{}` (ttl {:?}) was over \
+             by then: not acquired, and the keys are released (a longer ttl leaves room for \
+             the round trips)",
+            now - started,
+            hold.name(),
+            hold.ttl
+        ),
+    );
+    Some((
+        index,
+        LockError::redis(members[index].name, "acquire", source.into()),
+    ))
 }
 
 /// The set's place in one key's line.
@@ -435,15 +488,30 @@ async fn give_back(taken: Vec<LockGuard>) {
     join_all(taken.into_iter().map(LockGuard::release)).await;
 }
 
-/// The set, taken: with `fencing`, one token for all of it.
+/// A set whose every key was taken, as [`finish`] leaves it.
+enum Finished {
+    Set(Vec<LockGuard>),
+    /// The key at this index was valid no longer ([`expired_key`]): the
+    /// keys are released in the background.
+    Expired(usize, LockError),
+}
+
+/// The set, taken: with `fencing`, one token for all of it; not handed out
+/// if a key's validity is over by then.
 async fn finish(
-    first: &Acquisition<'_>,
+    members: &[&Acquisition<'_>],
     guards: Vec<LockGuard>,
-) -> Result<Vec<LockGuard>, LockError> {
+    started: Instant,
+) -> Result<Finished, LockError> {
+    let first = members[0];
     if first.settings.fencing {
         raise_fences(first, &guards).await?;
     }
-    Ok(guards)
+    Ok(match expired_key(members, &guards, started) {
+        None => Finished::Set(guards),
+        // Each guard's drop releases its key in the background.
+        Some((index, error)) => Finished::Expired(index, error),
+    })
 }
 
 /// One fencing token for a set whose keys got a token each (taken key by
