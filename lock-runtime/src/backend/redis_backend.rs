@@ -365,10 +365,13 @@ impl RedisBackend {
     /// server, a cluster or Sentinel go here without the trait's box (see
     /// [`Backend::as_redis`]).
     pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
-        let outcome = self.acquire_once(&request).await;
         let Some(ack) = self.ack else {
-            return outcome;
+            return self.acquire_once(&request).await;
         };
+        // The give-back below is part of this call: both end within one
+        // call deadline (design §3).
+        let until = Instant::now() + self.connection.deadline();
+        let outcome = self.acquire_once(&request).await;
         let confirmed = match &outcome {
             Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {
                 Some(confirmed) => Some(confirmed),
@@ -382,13 +385,18 @@ impl RedisBackend {
         };
         // Given back, if it was taken at all: `WAIT` follows the
         // attempt whatever it did, so a busy lock (nothing written)
-        // also comes back unconfirmed. The release tells which.
-        let given_back = Backend::release(self, request.kind, request.keys, request.token, 0).await;
-        if confirmed.is_some() && matches!(&given_back, Ok(release) if release.found != Found::Mine)
+        // also comes back unconfirmed. The release tells which. Not
+        // awaited past the call's deadline: the acquisition, which leaves
+        // this attempt's outcome open on `NotReplicated`, releases the
+        // token in the background then (`Unknown` in `lease/acquire.rs`),
+        // as after a release that failed.
+        let release = Backend::release(self, request.kind, request.keys, request.token, 0);
+        let given_back = tokio::time::timeout_at(until, release).await;
+        if confirmed.is_some()
+            && matches!(&given_back, Ok(Ok(release)) if release.found != Found::Mine)
         {
             return Ok(Acquire::Busy { expires_in: None });
         }
-        // A failed release leaves the lock to its ttl.
         Err(LockError::NotReplicated {
             name: request.keys.name().to_owned(),
             confirmed,

@@ -12,7 +12,7 @@ use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 use crate::lease::cohort::{wait_for_pass, Joined, Passed, Wants};
 use crate::lease::guard::{LockGuard, OnLost};
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
+use crate::lease::hold::{fence_retention_ms, late_reply, Acquired, Hold};
 use crate::lease::local_handoff::pass_on;
 use crate::lease::release::spawn_release;
 
@@ -641,6 +641,14 @@ impl Acquisition<'_> {
                 unknown.stalled = true
             }
             _ => {}
+        }
+        // A lock whose validity was over when its reply came is no lock:
+        // the attempt stays open (a later one finds the key with this token
+        // and its real ttl; else it is released in the background).
+        if let Ok(Attempt::Acquired(_, found, _)) = &result {
+            if let Some(late) = late_reply(unknown.last_sent, *found, self.settings.ttl) {
+                return Err(LockError::redis(self.name, "acquire", late));
+            }
         }
         result
     }

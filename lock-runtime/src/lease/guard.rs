@@ -245,7 +245,7 @@ impl LockGuard {
         );
         let hold = Arc::clone(self.hold());
         let outermost = self.reentrant.is_none();
-        let result = in_span!(span, self.release_traced());
+        let result = in_span!(span, self.release_bounded());
         match &result {
             Ok(()) if outermost => {
                 crate::observe::hold_ended(hold.label(), "released", hold.acquired_at.elapsed())
@@ -264,6 +264,37 @@ impl LockGuard {
             },
         );
         result
+    }
+
+    /// [`release_traced`](Self::release_traced), within one call deadline
+    /// (§9) for a holder in its client's cohort: its release may first wait
+    /// for the outcome of the `HANDOFF` that passed it the lock, and may pass
+    /// the lock on with a `HANDOFF` sent again until Redis answers (§4), each
+    /// up to the lock's validity. Past the deadline that goes on in the
+    /// background, as after a cancelled release (the guard's drop; nothing is
+    /// sent with the token before the pass's outcome is in), and the caller
+    /// is told so. Other releases are one backend call, under its deadline.
+    async fn release_bounded(self) -> Result<(), LockError> {
+        if self.cohort.is_none() || self.reentrant.is_some() {
+            return self.release_traced().await;
+        }
+        let hold = Arc::clone(self.hold());
+        let deadline = hold.core.call_deadline();
+        match tokio::time::timeout(deadline, self.release_traced()).await {
+            Ok(result) => result,
+            Err(_) => Err(LockError::Redis {
+                name: hold.name().to_owned(),
+                operation: "release (retried in the background until the lock's ttl passes)",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {deadline:?} to the hand-off that passed this lock in \
+                         the process or passes it on"
+                    ),
+                )
+                .into(),
+            }),
+        }
     }
 
     async fn release_traced(mut self) -> Result<(), LockError> {

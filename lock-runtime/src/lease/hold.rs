@@ -46,6 +46,36 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
     (ttl / 100 + Duration::from_millis(2)).min(ttl)
 }
 
+/// An acquiring reply that came too late to be of use: the lock it took
+/// (at `sent_at`, with `ttl`; `found`: found already taken with its token,
+/// with that much ttl left) would be valid no longer by the time the
+/// reply came (a request that sat in a stalled server, a reply held up
+/// longer than the ttl). Such a lock is never handed out: the caller treats
+/// the attempt as one without an answer (a waiter tries again, and its
+/// next attempt finds the key with its token and the ttl the key really
+/// has; else the key is released in the background). The error says so.
+pub(crate) fn late_reply(
+    sent_at: Instant,
+    found: Option<Duration>,
+    ttl: Duration,
+) -> Option<redis::RedisError> {
+    let expiry = sent_at + found.map_or(ttl, |remaining| remaining.min(ttl));
+    let valid_until = expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at);
+    let now = Instant::now();
+    (now >= valid_until).then(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "Redis answered {:?} after the request, when the lock's validity (ttl {ttl:?}) \
+                 was already over: not acquired, and the lock is released in the background \
+                 (a longer ttl leaves more room for a slow server)",
+                now - sent_at
+            ),
+        )
+        .into()
+    })
+}
+
 /// Fencing counters live at least this long after their last acquisition.
 const FENCE_RETENTION: Duration = Duration::from_secs(60);
 

@@ -26,7 +26,7 @@ use crate::lease::acquire::{
     Acquisition, TakenAt, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH, WAITER_TIMEOUT,
 };
 use crate::lease::guard::LockGuard;
-use crate::lease::hold::{fence_retention_ms, Acquired, Hold};
+use crate::lease::hold::{fence_retention_ms, late_reply, Acquired, Hold};
 use crate::lease::release::spawn_release;
 use crate::lease::watch::Entry;
 use crate::lease::Core;
@@ -168,7 +168,15 @@ impl SetAcquisition<'_> {
                 waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
             };
             place.joined |= waits;
-            let (index, expires_in) = match core.backend().acquire_all(request).await {
+            let mut reply = core.backend().acquire_all(request).await;
+            // Valid no longer when the reply came: no lock (the attempt
+            // stays open, as `acquire.rs` does for a single lock).
+            if let Ok(AcquireAll::Acquired { found, .. }) = &reply {
+                if let Some(late) = late_reply(unknown.last_sent, *found, settings.ttl) {
+                    reply = Err(LockError::redis(first.name, "acquire", late));
+                }
+            }
+            let (index, expires_in) = match reply {
                 Ok(AcquireAll::Acquired { fence, found }) => {
                     place.joined = false; // the script took it out of every queue
                     return Ok(unknown.acquired(fence, found));

@@ -49,7 +49,15 @@ impl SetAcquisition<'_> {
         members: &[&Acquisition<'_>],
     ) -> Result<Vec<LockGuard>, LockError> {
         let (index, unanswered) = match try_each(members, self.wait.is_some()).await? {
-            Tried::All(guards) => return finish(members[0], guards).await,
+            Tried::All(guards) => match finish(members, guards, self.started).await? {
+                Finished::Set(guards) => return Ok(guards),
+                Finished::Expired(index, error) => {
+                    if self.wait.is_none() {
+                        return Err(error);
+                    }
+                    (index, Some(error))
+                }
+            },
             Tried::Busy { index, unanswered } => (index, unanswered),
         };
         let name = members[index].name;
@@ -115,31 +123,55 @@ impl SetAcquisition<'_> {
         // set's places in their lines.
         let mut start = busy;
         let mut refreshed: Option<Instant> = None;
+        // What the last round found unanswered: the error to return if the
+        // wait ends before the next round.
+        let mut last_unanswered: Option<LockError> = None;
         loop {
+            // No round is sent once the wait is over (a waiting call ends
+            // within its wait and one call deadline, §3).
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                let name = members[start].name;
+                return Err(last_unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+            }
             let notified = any_notified(&lines);
             share_ticket(&lines);
             let refresh = refreshed.is_none_or(|at| at.elapsed() >= PLACE_REFRESH);
-            let mut round = Round::of(members, &lines, respect, start, refresh).await?;
+            let mut round = Round::of(members, &lines, respect, start, refresh, deadline).await?;
             if round.every_key {
                 refreshed = Some(Instant::now());
             }
             if round.taken.len() == members.len() {
                 let guards = round
                     .taken
-                    .into_iter()
+                    .drain(..)
                     .map(|mut taken| members[taken.index].guard_of(taken.keep()))
                     .collect();
-                return finish(first, guards).await;
+                match finish(members, guards, self.started).await? {
+                    Finished::Set(guards) => return Ok(guards),
+                    // Released in the background; tried again, as after
+                    // a round whose servers did not answer, while the wait
+                    // lasts.
+                    Finished::Expired(index, error) => {
+                        round.busy = index;
+                        round.unanswered = Some(error);
+                    }
+                }
             }
-            round.give_back(&lines).await;
             let index = round.busy;
             start = index;
             let now = Instant::now();
             if deadline.is_some_and(|deadline| now >= deadline) {
+                // What the round took is released in the background (its
+                // drop), not waited for past the wait.
                 let name = members[index].name;
-                return Err(round.unanswered.unwrap_or_else(|| self.wait_timeout(name)));
+                return Err(round
+                    .unanswered
+                    .take()
+                    .unwrap_or_else(|| self.wait_timeout(name)));
             }
-            if round.unanswered.is_some() {
+            round.give_back(&lines).await;
+            last_unanswered = round.unanswered.take();
+            if last_unanswered.is_some() {
                 // As a single waiter does: not a reason to give up while
                 // the wait lasts.
                 let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
@@ -167,6 +199,42 @@ impl SetAcquisition<'_> {
             wait_for(notified, pause).await;
         }
     }
+}
+
+/// A key of the set, all taken now, whose validity is already over: taken
+/// key by key, the set took longer than that key's ttl (round trips to a
+/// slow server, a ttl shorter than them). The set is not handed out, as a
+/// lone lock whose reply came after its validity is not
+/// (`hold::late_reply`): its index among `members` and the error.
+fn expired_key(
+    members: &[&Acquisition<'_>],
+    guards: &[LockGuard],
+    started: Instant,
+) -> Option<(usize, LockError)> {
+    let now = Instant::now();
+    let hold = guards
+        .iter()
+        .map(LockGuard::hold)
+        .find(|hold| hold.valid_until() <= now)?;
+    let index = members
+        .iter()
+        .position(|member| member.keys.lock == hold.keys.lock)
+        .unwrap_or(0);
+    let source = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the set's keys took {:?} to take, and the validity of `{}` (ttl {:?}) was over \
+             by then: not acquired, and the keys are released (a longer ttl leaves room for \
+             the round trips)",
+            now - started,
+            hold.name(),
+            hold.ttl
+        ),
+    );
+    Some((
+        index,
+        LockError::redis(members[index].name, "acquire", source.into()),
+    ))
 }
 
 /// The set's place in one key's line.
@@ -201,13 +269,15 @@ struct Round {
 
 impl Round {
     /// Tries the keys from `start` on, stopping at the first one not taken
-    /// unless `refresh` asks for every key.
+    /// unless `refresh` asks for every key, and at the wait's `deadline`:
+    /// no attempt after it (each attempt may take a call deadline).
     async fn of(
         members: &[&Acquisition<'_>],
         lines: &[Line],
         respect: Respect,
         start: usize,
         refresh: bool,
+        deadline: Option<Instant>,
     ) -> Result<Round, LockError> {
         let mut round = Round {
             taken: Vec::new(),
@@ -222,6 +292,11 @@ impl Round {
         for index in order {
             if (round.busy != usize::MAX || failed.is_some()) && !refresh {
                 round.every_key = false;
+                break;
+            }
+            if index != start && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                round.every_key = false;
+                round.busy_at(index);
                 break;
             }
             let (member, line) = (members[index], &lines[index]);
@@ -386,11 +461,22 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
                 Some(error)
             }
             Err(error) => {
-                give_back(taken).await;
+                if matches!(&error, LockError::Redis { source, .. } if retryable(source)) {
+                    drop(taken); // as below: in the background
+                } else {
+                    give_back(taken).await;
+                }
                 return Err(error);
             }
         };
-        give_back(taken).await;
+        if unanswered.is_some() {
+            // Its servers did not answer within a call deadline: what was
+            // taken is released in the background (each guard's drop), not
+            // waited for, so that the call ends within one deadline (§3).
+            drop(taken);
+        } else {
+            give_back(taken).await;
+        }
         return Ok(Tried::Busy { index, unanswered });
     }
     Ok(Tried::All(taken))
@@ -402,13 +488,28 @@ async fn give_back(taken: Vec<LockGuard>) {
     join_all(taken.into_iter().map(LockGuard::release)).await;
 }
 
-/// The set, taken: with `fencing`, one token for all of it.
+/// A set whose every key was taken, as [`finish`] leaves it.
+enum Finished {
+    Set(Vec<LockGuard>),
+    /// The key at this index was valid no longer ([`expired_key`]): the
+    /// keys are released in the background.
+    Expired(usize, LockError),
+}
+
+/// The set, taken: with `fencing`, one token for all of it; not handed out
+/// if a key's validity is over by then.
 async fn finish(
-    first: &Acquisition<'_>,
+    members: &[&Acquisition<'_>],
     guards: Vec<LockGuard>,
-) -> Result<Vec<LockGuard>, LockError> {
+    started: Instant,
+) -> Result<Finished, LockError> {
+    let first = members[0];
     if first.settings.fencing {
         raise_fences(first, &guards).await?;
     }
-    Ok(guards)
+    Ok(match expired_key(members, &guards, started) {
+        None => Finished::Set(guards),
+        // Each guard's drop releases its key in the background.
+        Some((index, error)) => Finished::Expired(index, error),
+    })
 }

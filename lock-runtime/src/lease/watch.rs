@@ -351,6 +351,17 @@ impl HeldLock {
     pub fn lost_cause(&self) -> Option<LostCause> {
         self.hold.lost_cause(Instant::now())
     }
+
+    /// Simulation (feature `simulation`, not a public API): the instant
+    /// (tokio's clock, virtual under a simulation's paused time) at which
+    /// the holder's validity ends, as [`remaining`](Self::remaining) counts
+    /// it now: the library's own account of its hold, for the simulation's
+    /// checkers. Later renewals may move it forward, never back.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn valid_until(&self) -> Instant {
+        self.hold.valid_until()
+    }
 }
 
 impl std::fmt::Debug for HeldLock {

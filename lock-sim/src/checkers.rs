@@ -1,0 +1,429 @@
+//! The checkers: what a run's history must never show, by the library's
+//! own account of its holds (design §9's guarantees).
+
+use std::collections::BTreeMap;
+
+use crate::history::{Call, Hold, Mode, Outcome, Recorder};
+use crate::world::Micros;
+
+/// A broken guarantee.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub text: String,
+}
+
+/// For a key: the nodes that serve it, and how many of them must answer.
+pub type Serving = Box<dyn Fn(&str) -> (Vec<usize>, usize)>;
+
+/// What the checkers know of the run besides its history.
+pub struct Facts {
+    /// Intervals in which writes may have been lost (excuse overlaps).
+    pub lossy: Vec<(Micros, Micros)>,
+    /// Each node's outages.
+    pub outages: BTreeMap<usize, Vec<(Micros, Micros)>>,
+    /// Each client's pauses.
+    pub pauses: BTreeMap<usize, Vec<(Micros, Micros)>>,
+    /// For a key: the nodes that serve it, and how many must answer.
+    pub serving: Serving,
+    /// The longest one-way delay of a message.
+    pub max_delay: Micros,
+    pub healed: Micros,
+    pub end: Micros,
+    pub progress_bound: Micros,
+    /// Keys left on the nodes after everyone finished and the ttls passed.
+    pub leftovers: Vec<String>,
+    /// Tasks that did not finish.
+    pub hung: Vec<String>,
+}
+
+pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    overlaps(rec, facts, &mut violations);
+    fencing(rec, &mut violations);
+    bounds(rec, facts, &mut violations);
+    wrong_kind(rec, facts, &mut violations);
+    progress(rec, facts, &mut violations);
+    starvation(rec, facts, &mut violations);
+    expired_grants(rec, facts, &mut violations);
+    for call in &rec.calls {
+        if let Some(Outcome::Config(message)) = &call.outcome {
+            violations.push(Violation {
+                kind: "config-error",
+                text: format!(
+                    "call #{} ({}) failed with a configuration error: {message}",
+                    call.id, call.op
+                ),
+            });
+        }
+    }
+    if !facts.leftovers.is_empty() {
+        violations.push(Violation {
+            kind: "leftover",
+            text: format!(
+                "keys left after everyone finished and every ttl passed: {}",
+                facts.leftovers.join(", ")
+            ),
+        });
+    }
+    for hung in &facts.hung {
+        violations.push(Violation {
+            kind: "hung",
+            text: hung.clone(),
+        });
+    }
+    violations
+}
+
+fn excused(facts: &Facts, a: &Hold, b: &Hold) -> bool {
+    let (from, to) = (a.start.min(b.start), a.end.max(b.end));
+    facts
+        .lossy
+        .iter()
+        .any(|&(lost_from, lost_to)| lost_from <= to && lost_to + 1_000_000 >= from)
+}
+
+fn describe(hold: &Hold) -> String {
+    format!(
+        "#{} (c{}.t{}, {} [{:.3} ms, {:.3} ms), ended by {})",
+        hold.call,
+        hold.client,
+        hold.task,
+        hold.mode,
+        hold.start as f64 / 1000.0,
+        hold.end as f64 / 1000.0,
+        hold.why_ended
+    )
+}
+
+/// Two holders of a key whose validity windows overlap: exclusive; a
+/// reader beside a writer; more than the permits of a semaphore.
+fn overlaps(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    let mut by_key: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+    for hold in &rec.holds {
+        if hold.end > hold.start {
+            by_key.entry(&hold.key).or_default().push(hold);
+        }
+    }
+    for (key, mut holds) in by_key {
+        holds.sort_by_key(|hold| (hold.start, hold.call));
+        let capacity = holds.iter().find_map(|hold| match hold.mode {
+            Mode::Permits { capacity, .. } => Some(capacity),
+            _ => None,
+        });
+        if let Some(capacity) = capacity {
+            // A sweep: permits in use at each start.
+            for (at, hold) in holds.iter().enumerate() {
+                let beside: Vec<&&Hold> = holds[..at]
+                    .iter()
+                    .filter(|other| other.end > hold.start)
+                    .collect();
+                let used: u32 = beside
+                    .iter()
+                    .map(|other| match other.mode {
+                        Mode::Permits { permits, .. } => permits,
+                        _ => 0,
+                    })
+                    .sum::<u32>()
+                    + match hold.mode {
+                        Mode::Permits { permits, .. } => permits,
+                        _ => 0,
+                    };
+                if used > capacity && !beside.iter().any(|other| excused(facts, other, hold)) {
+                    violations.push(Violation {
+                        kind: "overlap",
+                        text: format!(
+                            "semaphore {key}: {used} permits of {capacity} held at {:.3} ms: {} beside {}",
+                            hold.start as f64 / 1000.0,
+                            describe(hold),
+                            beside.iter().map(|other| describe(other)).collect::<Vec<_>>().join(", ")
+                        ),
+                    });
+                }
+            }
+            continue;
+        }
+        for (at, a) in holds.iter().enumerate() {
+            for b in &holds[at + 1..] {
+                if b.start >= a.end {
+                    continue;
+                }
+                let both_read = a.mode == Mode::Read && b.mode == Mode::Read;
+                if both_read || excused(facts, a, b) {
+                    continue;
+                }
+                violations.push(Violation {
+                    kind: "overlap",
+                    text: format!("key {key}: {} and {} overlap", describe(a), describe(b)),
+                });
+            }
+        }
+    }
+}
+
+/// A fencing token not above every earlier one of its key.
+fn fencing(rec: &Recorder, violations: &mut Vec<Violation>) {
+    let mut by_key: BTreeMap<&str, Vec<&crate::history::FenceUse>> = BTreeMap::new();
+    for fence in &rec.fences {
+        by_key.entry(&fence.key).or_default().push(fence);
+    }
+    for (key, uses) in by_key {
+        for used in &uses {
+            let Some(call_start) = used.call_start else {
+                continue;
+            };
+            if let Some(earlier) = uses
+                .iter()
+                .filter(|earlier| earlier.at < call_start && earlier.token >= used.token)
+                .max_by_key(|earlier| earlier.token)
+            {
+                violations.push(Violation {
+                    kind: "fencing",
+                    text: format!(
+                        "key {key}: call #{} got fencing token {} at {:.3} ms, not above {} used by #{} at {:.3} ms",
+                        used.call,
+                        used.token,
+                        used.at as f64 / 1000.0,
+                        earlier.token,
+                        earlier.call,
+                        earlier.at as f64 / 1000.0
+                    ),
+                });
+            }
+        }
+    }
+}
+
+fn paused_during(facts: &Facts, call: &Call, end: Micros) -> bool {
+    facts.pauses.get(&call.client).is_some_and(|pauses| {
+        pauses
+            .iter()
+            .any(|&(from, to)| from < end && to > call.start)
+    })
+}
+
+/// A call past its wait plus one call deadline (plus a round trip).
+fn bounds(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in &rec.calls {
+        let (Some(end), Some(outcome)) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if *outcome == Outcome::Cancelled || paused_during(facts, call, end) {
+            continue;
+        }
+        // A run's acquisition ends when its body starts: the same bound.
+        // One call deadline for the call in flight when the wait ends, and
+        // the round trips of the calls before it (a plain try before the
+        // script, each key of a set taken key by key).
+        let round_trips = 2 + 2 * call.keys.len() as Micros;
+        let bound =
+            call.wait.unwrap_or(0) + call.deadline + round_trips * 2 * facts.max_delay + 10_000;
+        if end - call.start > bound {
+            violations.push(Violation {
+                kind: "bound",
+                text: format!(
+                    "call #{} (c{}.t{} {} {}) took {:.3} ms, more than its wait and one call deadline allow ({:.3} ms); it ended {:?}",
+                    call.id,
+                    call.client,
+                    call.task,
+                    call.op,
+                    crate::history::keys_text(&call.keys),
+                    (end - call.start) as f64 / 1000.0,
+                    bound as f64 / 1000.0,
+                    outcome
+                ),
+            });
+        }
+    }
+}
+
+/// Whether at some instant of `[from, to]` at least `needed` of `nodes`
+/// answered.
+fn reachable_at_some_point(
+    facts: &Facts,
+    nodes: &[usize],
+    needed: usize,
+    from: Micros,
+    to: Micros,
+) -> bool {
+    let mut instants = vec![from];
+    for node in nodes {
+        for &(_, out_to) in facts.outages.get(node).into_iter().flatten() {
+            if out_to >= from && out_to <= to {
+                instants.push(out_to);
+            }
+        }
+    }
+    instants.into_iter().any(|at| {
+        let up = nodes
+            .iter()
+            .filter(|node| {
+                !facts
+                    .outages
+                    .get(node)
+                    .is_some_and(|outages| outages.iter().any(|&(a, b)| a <= at && at < b))
+            })
+            .count();
+        up >= needed
+    })
+}
+
+/// `Busy` or `WaitTimeout` from a call during which too few of the nodes
+/// serving its key answered: nobody could know the lock was busy.
+fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in &rec.calls {
+        let (Some(end), Some(outcome)) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if !outcome.is_busy() || call.nested {
+            continue;
+        }
+        // Another task of the same client holding a key: known in process.
+        let local = rec.holds.iter().any(|hold| {
+            hold.client == call.client
+                && hold.start < end
+                && hold.let_go.max(hold.end) > call.start - 1
+                && call.keys.iter().any(|(key, _)| *key == hold.key)
+        }) || rec.calls.iter().any(|other| {
+            other.client == call.client
+                && other.id != call.id
+                && other.start < end
+                && other.end.is_none_or(|other_end| other_end > call.start)
+                && other
+                    .keys
+                    .iter()
+                    .any(|(key, _)| call.keys.iter().any(|(mine, _)| mine == key))
+        });
+        if local {
+            continue;
+        }
+        let unreachable = call.keys.iter().any(|(key, _)| {
+            let (nodes, needed) = (facts.serving)(key);
+            !reachable_at_some_point(facts, &nodes, needed, call.start, end)
+        });
+        if unreachable {
+            violations.push(Violation {
+                kind: "wrong-error",
+                text: format!(
+                    "call #{} (c{}.t{} {} {}) ended {:?} though too few of its nodes answered for the whole call [{:.3} ms, {:.3} ms]: an error of Redis, not busy",
+                    call.id,
+                    call.client,
+                    call.task,
+                    call.op,
+                    crate::history::keys_text(&call.keys),
+                    outcome,
+                    call.start as f64 / 1000.0,
+                    end as f64 / 1000.0
+                ),
+            });
+        }
+    }
+}
+
+/// After the last fault healed, some acquisition succeeds within the bound.
+fn progress(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    if facts.end - facts.healed < facts.progress_bound {
+        return;
+    }
+    let until = facts.healed + facts.progress_bound;
+    let progressed = rec.calls.iter().any(|call| {
+        matches!(call.op, "acquire" | "try" | "run")
+            && call.outcome == Some(Outcome::Ok)
+            && call
+                .end
+                .is_some_and(|end| end >= facts.healed && end <= until)
+    });
+    if !progressed {
+        violations.push(Violation {
+            kind: "progress",
+            text: format!(
+                "no acquisition succeeded from {:.3} ms, when the last fault was over, to {:.3} ms",
+                facts.healed as f64 / 1000.0,
+                until as f64 / 1000.0
+            ),
+        });
+    }
+}
+
+/// Sections of one key a waiting set may see run ahead of it while it
+/// waits: design §16 bounds them by the waiters queued ahead and the
+/// cohorts' passes; the real-process tests allow 40.
+const SET_STARVATION_BOUND: usize = 40;
+
+/// A set that waited while single-key waiters that came after it took one
+/// of its keys again and again.
+fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in rec
+        .calls
+        .iter()
+        .filter(|call| call.set && call.wait.is_some() && !call.nested)
+    {
+        let (Some(end), Some(outcome)) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if !matches!(outcome, Outcome::Ok | Outcome::WaitTimeout) {
+            continue;
+        }
+        let joined = call.start + 4 * facts.max_delay + 5_000;
+        for (key, _) in &call.keys {
+            let ahead = rec
+                .holds
+                .iter()
+                .filter(|hold| {
+                    hold.key == *key
+                        && hold.start > joined
+                        && hold.start < end
+                        && rec.calls.get(hold.call).is_some_and(|taker| {
+                            !taker.set && taker.wait.is_some() && taker.start > joined
+                        })
+                })
+                .count();
+            if ahead > SET_STARVATION_BOUND {
+                violations.push(Violation {
+                    kind: "starvation",
+                    text: format!(
+                        "set call #{} (c{}.t{} {}) waited [{:.3} ms, {:.3} ms] and ended {:?} while {ahead} sections of {key} by waiters that came after it ran ahead of it (bound {SET_STARVATION_BOUND})",
+                        call.id,
+                        call.client,
+                        call.task,
+                        crate::history::keys_text(&call.keys),
+                        call.start as f64 / 1000.0,
+                        end as f64 / 1000.0,
+                        outcome
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// An acquisition that returned a lock whose validity, by the library's
+/// own account, was already over: its holder would start its body with no
+/// time left (a request that sat in a stalled server longer than its ttl).
+/// The library never hands such a lock out (`lease/hold.rs`, `late_reply`).
+/// A reentrant entry shares its outer hold and is exempt, as is a client
+/// paused meanwhile (its timers jumped past the validity as the call
+/// returned).
+fn expired_grants(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in &rec.calls {
+        let (Some(end), Some(until)) = (call.end, call.granted_until) else {
+            continue;
+        };
+        if call.reentrant || until > end || paused_during(facts, call, end) {
+            continue;
+        }
+        violations.push(Violation {
+            kind: "expired-grant",
+            text: format!(
+                "call #{} (c{}.t{} {} {}) returned a lock at {:.3} ms whose validity had ended at {:.3} ms",
+                call.id,
+                call.client,
+                call.task,
+                call.op,
+                crate::history::keys_text(&call.keys),
+                end as f64 / 1000.0,
+                until as f64 / 1000.0
+            ),
+        });
+    }
+}

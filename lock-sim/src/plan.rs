@@ -1,0 +1,267 @@
+//! A run's plan, drawn from its seed: the deployment's clients, their
+//! timeouts, the network's character, the workload's mix, and the faults
+//! with their instants.
+
+use std::time::Duration;
+
+use crate::deploy::Backend;
+use crate::rng::Rng;
+use crate::workload::{Mix, Names};
+use crate::world::{Action, Micros, NetParams};
+
+pub struct ClientPlan {
+    pub tasks: usize,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    /// Acknowledged mode (Sentinel, Cluster): replicas and their timeout.
+    pub acknowledged: Option<(u32, Duration)>,
+    pub seed: u64,
+}
+
+pub struct Plan {
+    pub backend: Backend,
+    pub clients: Vec<ClientPlan>,
+    pub net: NetParams,
+    /// Each node's clock is off by up to this (µs), either way.
+    pub skew_us: i64,
+    pub faults: Vec<(Micros, Action)>,
+    /// When the last fault is over (failovers done, network calm).
+    pub healed: Micros,
+    /// When the tasks stop starting operations.
+    pub end: Micros,
+    /// Some acquisition must succeed within this after `healed`.
+    pub progress_bound: Micros,
+    pub mix: Mix,
+    pub names: Names,
+    pub epoch_us: i64,
+    /// What the plan's faults are, for the history's first lines.
+    pub summary: Vec<String>,
+}
+
+const MS: Micros = 1000;
+const S: Micros = 1_000_000;
+
+impl Plan {
+    pub fn new(backend: Backend, rng: &mut Rng) -> Plan {
+        let quorum = matches!(backend, Backend::Quorum(_));
+        let replicated = matches!(backend, Backend::Sentinel | Backend::Cluster);
+        let nodes = match backend {
+            Backend::Node => 1,
+            Backend::Quorum(n) => n,
+            Backend::Sentinel => 3,
+            Backend::Cluster => 6,
+        };
+        let epoch_us = 1_700_000_000_000_000 + rng.below(86_400_000_000) as i64;
+
+        // The workload.
+        let focus = rng.chance(30).then(|| rng.below(5) as usize);
+        let mut weights = [0u64; 5];
+        for (at, weight) in weights.iter_mut().enumerate() {
+            *weight = match focus {
+                Some(only) if only == at => 10,
+                Some(_) => 0,
+                None => rng.range(0, 10),
+            };
+        }
+        weights[4] = weights[4].min(3);
+        if weights.iter().all(|weight| *weight == 0) {
+            weights[0] = 10;
+        }
+        let short = rng.chance(40);
+        let ttl_ms = if short { (20, 200) } else { (50, 2_000) };
+        let mix = Mix {
+            weights,
+            fair_pct: if quorum { 0 } else { rng.range(0, 50) },
+            fencing_pct: rng.range(0, 60),
+            renew_pct: rng.range(0, 60),
+            hold_at_least_pct: rng.range(0, 20),
+            wait_pct: rng.range(40, 95),
+            cancel_pct: rng.range(0, 15),
+            ttl_ms,
+            wait_ms: if short { 300 } else { rng.range(300, 3_000) },
+            steps: rng.range(1, 5),
+            step_ms: if short {
+                rng.range(1, 60)
+            } else {
+                rng.range(1, 600)
+            },
+            idle_ms: rng.range(0, 30),
+            fair_ok: !quorum,
+        };
+        let exclusive = if backend == Backend::Cluster && rng.chance(50) {
+            vec!["{t}x".to_owned(), "{t}y".to_owned(), "{t}z".to_owned()]
+        } else {
+            vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]
+        };
+        let names = Names {
+            exclusive,
+            rw: "rw".to_owned(),
+            semaphore: "sem".to_owned(),
+            capacity: rng.range(1, 3) as u32,
+        };
+
+        // The clients.
+        let client_count = rng.range(2, 4) as usize;
+        let clients = (0..client_count)
+            .map(|_| {
+                let long = backend == Backend::Sentinel && rng.chance(15);
+                let response_ms = if long {
+                    rng.range(2_000, 8_000)
+                } else {
+                    rng.range(50, 1_000)
+                };
+                ClientPlan {
+                    tasks: rng.range(1, 3) as usize,
+                    connect_timeout: Duration::from_millis(rng.range(50, 500)),
+                    response_timeout: Duration::from_millis(response_ms),
+                    acknowledged: (replicated && rng.chance(25))
+                        .then(|| (1, Duration::from_millis(rng.range(10, response_ms / 2)))),
+                    seed: rng.next_u64(),
+                }
+            })
+            .collect::<Vec<_>>();
+        let max_deadline = clients
+            .iter()
+            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
+            .max()
+            .unwrap_or(0);
+
+        // The network.
+        let faulty_net = rng.chance(50);
+        let net = NetParams {
+            min_us: rng.range(50, 300) as Micros,
+            max_us: rng.range(300, 3_000) as Micros,
+            spike_per_mille: if faulty_net { rng.range(0, 20) } else { 0 },
+            spike_us: rng.range(5, 200) as Micros * MS,
+            lost_reply_per_mille: if faulty_net { rng.range(0, 6) } else { 0 },
+            late_per_mille: if faulty_net { rng.range(0, 4) } else { 0 },
+            late_us: rng.range(10, 2_000) as Micros * MS,
+            repl_min_us: 100,
+            repl_max_us: rng.range(200, 20_000) as Micros,
+        };
+        let skew_us = if rng.chance(50) {
+            rng.range(0, if replicated { 5 } else { 50 }) as Micros * MS
+        } else {
+            0
+        };
+
+        // The faults.
+        let window = rng.range(2, 8) as Micros * S;
+        let mut faults = Vec::new();
+        let mut summary = Vec::new();
+        let mut healed = 0;
+        let max_ttl = ttl_ms.1 as Micros * MS;
+        let failover = crate::deploy::failover_time(backend).as_micros() as Micros;
+        let fault_count = if rng.chance(15) { 0 } else { rng.range(1, 5) };
+        for _ in 0..fault_count {
+            let at = rng.range(100, window as u64 / 1000) as Micros * MS;
+            let node = rng.below(nodes as u64) as usize;
+            // Sentinel and Cluster faults hit a primary most of the time.
+            let node = if replicated && rng.chance(70) {
+                match backend {
+                    Backend::Cluster => 2 * rng.below(3) as usize,
+                    _ => 0,
+                }
+            } else {
+                node
+            };
+            let client = rng.below(client_count as u64) as usize;
+            let lasting = rng.range(10, 3_000) as Micros * MS;
+            match rng.below(if replicated { 7 } else { 5 }) {
+                0 | 1 => {
+                    faults.push((at, Action::Stall(node)));
+                    faults.push((at + lasting, Action::Resume(node)));
+                    summary.push(format!("stall node {node} at {at} for {lasting} us"));
+                    healed = healed.max(at + lasting + failover);
+                }
+                2 => {
+                    // Over a quorum, a node restarts empty only after the
+                    // longest ttl (RedLock's delayed restart).
+                    let down = if quorum {
+                        lasting + max_ttl + 100 * MS
+                    } else {
+                        lasting
+                    };
+                    faults.push((at, Action::Kill(node)));
+                    faults.push((at + down, Action::Restart(node)));
+                    summary.push(format!(
+                        "kill node {node} at {at}, restart empty after {down} us"
+                    ));
+                    healed = healed.max(at + down + failover);
+                }
+                3 => {
+                    faults.push((at, Action::PauseClient(client)));
+                    faults.push((at + lasting, Action::ResumeClient(client)));
+                    summary.push(format!("pause client {client} at {at} for {lasting} us"));
+                    healed = healed.max(at + lasting);
+                }
+                4 => {
+                    faults.push((at, Action::Cut(client, node)));
+                    summary.push(format!("cut client {client} from node {node} at {at}"));
+                    healed = healed.max(at);
+                }
+                5 => match backend {
+                    Backend::Sentinel => {
+                        let hold_us = rng.range(300, 3_000) as Micros * MS;
+                        faults.push((at, Action::ManualFailover { hold_us }));
+                        summary.push(format!(
+                            "manual failover at {at}, old primary writable {hold_us} us"
+                        ));
+                        healed = healed.max(at + hold_us + failover);
+                    }
+                    _ => {
+                        let shard = rng.below(3) as usize;
+                        faults.push((at, Action::ClusterTakeover { shard }));
+                        summary.push(format!("takeover of shard {shard} at {at}"));
+                        healed = healed.max(at + failover);
+                    }
+                },
+                _ => {
+                    let replica = match backend {
+                        Backend::Cluster => 2 * rng.below(3) as usize + 1,
+                        _ => 1 + rng.below(2) as usize,
+                    };
+                    faults.push((at, Action::Link(replica, false)));
+                    faults.push((at + lasting, Action::Link(replica, true)));
+                    summary.push(format!(
+                        "cut replication to node {replica} at {at} for {lasting} us"
+                    ));
+                    healed = healed.max(at + lasting);
+                }
+            }
+        }
+        // A quorum that runs on a bare majority for the whole run.
+        if quorum && rng.chance(20) {
+            let down = (nodes - 1) / 2;
+            for node in 0..down {
+                faults.push((0, Action::Kill(nodes - 1 - node)));
+            }
+            summary.push(format!("a bare majority: {down} nodes killed for good"));
+        }
+        let calm = window;
+        faults.push((calm, Action::CalmNetwork));
+        healed = healed.max(calm);
+        let max_wait = mix.wait_ms as Micros * MS;
+        let max_body = (mix.steps * mix.step_ms) as Micros * MS;
+        let progress_bound = max_ttl + max_wait + max_body + 2 * max_deadline + 3 * S + failover;
+        let end = healed + progress_bound + S;
+        Plan {
+            backend,
+            clients,
+            net,
+            skew_us,
+            faults,
+            healed,
+            end,
+            progress_bound,
+            mix,
+            names,
+            epoch_us,
+            summary,
+        }
+    }
+
+    pub fn max_ttl(&self) -> Micros {
+        self.mix.ttl_ms.1 as Micros * MS
+    }
+}
