@@ -103,6 +103,10 @@
 //! Failover modes (`worker/failover.rs`):
 //! - `failover-sections KEY TASKS COUNTER`: sections under a renewed,
 //!   fenced attribute, going on through failed calls until `stop`.
+//! - `switch-sections KEY TASKS COUNTER`: sections under a renewed
+//!   attribute (ttl 10 s, wait 15 s) doing a non-atomic GET / +1 / SET of
+//!   COUNTER, each recorded with its start and end in `COUNTER:sections`
+//!   (stopped ones in `COUNTER:cancelled`), until `stop`.
 //! - `hold-renewed KEY TTL_MS`: a renewed lock that says when it is lost.
 //!
 //! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
@@ -132,6 +136,9 @@ async fn main() {
     match args.as_slice() {
         ["failover-sections", key, tasks, counter] => {
             failover::failover_sections(key, parse(tasks), counter).await
+        }
+        ["switch-sections", key, tasks, counter] => {
+            failover::switch_sections(key, parse(tasks), counter).await
         }
         ["hold-renewed", key, ttl_ms] => failover::hold_renewed(key, parse(ttl_ms)).await,
         ["count", key, tasks, sections, counter, rest @ ..] => {

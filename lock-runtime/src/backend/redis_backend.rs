@@ -26,7 +26,7 @@ use super::scripts::{
 };
 use super::{
     Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass,
-    RecordWrite, Release, RenewItem, Snapshot,
+    RecordWrite, Release, RenewItem, Snapshot, Switches,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -43,11 +43,15 @@ pub(crate) struct RedisBackend {
     cluster: bool,
     /// The ACL refused a message to waiters: said once (see [`told`]).
     publish_refused: AtomicBool,
+    /// The switches of primary its connections learn of (Sentinel, a
+    /// cluster; see [`Backend::switches`]).
+    switches: Option<Arc<Switches>>,
 }
 
 impl RedisBackend {
     pub(crate) fn new(target: Target, deadline: Duration, ack: Option<Ack>) -> RedisBackend {
         let cluster = matches!(target, Target::Cluster(..));
+        let switches = target.switches();
         let target_for_pool = target.clone();
         RedisBackend {
             connection: Connection::new(target, deadline),
@@ -55,6 +59,7 @@ impl RedisBackend {
             ack,
             cluster,
             publish_refused: AtomicBool::new(false),
+            switches,
         }
     }
 
@@ -470,6 +475,10 @@ impl Backend for RedisBackend {
 
     fn as_redis(&self) -> Option<&RedisBackend> {
         Some(self)
+    }
+
+    fn switches(&self) -> Option<Arc<Switches>> {
+        self.switches.clone()
     }
 
     fn passes_in_process(&self) -> bool {

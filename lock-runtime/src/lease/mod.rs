@@ -14,6 +14,7 @@ pub(crate) mod loss;
 pub(crate) mod multi;
 pub(crate) mod release;
 pub(crate) mod renewal;
+pub(crate) mod replay;
 pub(crate) mod set_by_key;
 pub(crate) mod watch;
 pub(crate) mod watch_set;
@@ -32,6 +33,7 @@ use crate::wall_clock::WallClock;
 use cohort::Cohorts;
 use holders::{Holders, Identity};
 use renewal::Renewer;
+use replay::Replays;
 
 /// What every lease of one client shares: the backend, the renewal driver,
 /// the notifier its waiters are woken by, its in-process cohorts. A hold
@@ -39,6 +41,9 @@ use renewal::Renewer;
 pub(crate) struct Core {
     backend: Arc<dyn Backend>,
     renewer: Arc<Renewer>,
+    /// Its recent releases, made good on a new primary after a switch
+    /// (Sentinel, a Redis Cluster; `None` elsewhere).
+    replays: Option<Arc<Replays>>,
     notifier: Arc<Notifier>,
     cohorts: Cohorts,
     key_prefix: String,
@@ -66,6 +71,7 @@ impl Core {
     ) -> Arc<Core> {
         Arc::new(Core {
             renewer: Renewer::new(Arc::clone(&backend)),
+            replays: Replays::new(&backend),
             holders: Holders::new(Arc::clone(&backend), identity, &key_prefix, clock),
             backend,
             notifier,
@@ -87,6 +93,10 @@ impl Core {
 
     pub(crate) fn renewer(&self) -> &Arc<Renewer> {
         &self.renewer
+    }
+
+    pub(crate) fn replays(&self) -> Option<&Arc<Replays>> {
+        self.replays.as_ref()
     }
 
     pub(crate) fn notifier(&self) -> &Arc<Notifier> {

@@ -1,0 +1,253 @@
+//! Making good on a new primary the releases the old one was told (issue
+//! 38; docs/design.md §15 "Making good what the old primary was told").
+//!
+//! A release (or an in-process hand-off, which ends its holder's token)
+//! that reached the old primary after the replica was promoted, and
+//! before this client learned of the switch, never reaches the new one:
+//! there the lock's copy holds every waiter back until its ttl passes. So
+//! every client keeps a bounded log of its recent releases, each tagged
+//! with the number of the last switch it knew of when it was sent
+//! (`transport/switches.rs`); when it learns of a switch, it sends again,
+//! to the new primary, every logged release sent before it whose key the
+//! switch concerns. A release compares by token, and tokens are never
+//! used twice: sent again, it deletes the lock's copy if it is still
+//! there, and touches nothing else.
+//!
+//! Renewals are made good by the renewal driver (`renewal.rs`): on a
+//! switch it renews every hold at once, on the new primary.
+//!
+//! Bounds: an entry is dropped once its lock's key could not exist any
+//! more on any primary (its ttl after the release was sent, plus the drift
+//! margin: the key there was set or renewed before that), and the log
+//! keeps at most [`CAPACITY`] entries (the oldest dropped first). A
+//! release dropped unlogged whose effect the new primary lacks costs its
+//! lock a ttl, as before.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures_util::stream::StreamExt;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, Found, Kind, Switch, Switches};
+use crate::keys::LockKeys;
+use crate::lease::hold::{drift_margin, Hold};
+use crate::transport::cluster::slots::slot;
+
+/// The most releases a client's log keeps.
+pub(crate) const CAPACITY: usize = 16_384;
+
+/// How many releases are sent again at once after a switch.
+const AT_ONCE: usize = 32;
+
+/// One release, as it was sent.
+#[derive(Clone)]
+struct Logged {
+    kind: Kind,
+    keys: LockKeys,
+    token: String,
+    /// With `hold_at_least`: until when the key was to be kept.
+    keep_until: Option<Instant>,
+    /// The key cannot exist after this on any primary.
+    until: Instant,
+    /// The last switch the client knew of when it was sent.
+    tag: u64,
+}
+
+impl Logged {
+    fn concerned_by(&self, switch: &Switch) -> bool {
+        self.tag < switch.number
+            && switch.concerns(switch.slots.is_some().then(|| slot(&self.keys.lock)))
+    }
+}
+
+/// A client's log of recent releases (see the module's documentation).
+pub(crate) struct Replays {
+    backend: Arc<dyn Backend>,
+    switches: Arc<Switches>,
+    log: Mutex<VecDeque<Logged>>,
+    /// The task that waits for switches, started with the first entry.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Replays {
+    /// The log of a client whose backend can learn of switches of primary
+    /// (Sentinel, a Redis Cluster); `None` otherwise.
+    pub(crate) fn new(backend: &Arc<dyn Backend>) -> Option<Arc<Replays>> {
+        let switches = backend.switches()?;
+        Some(Arc::new(Replays {
+            backend: Arc::clone(backend),
+            switches,
+            log: Mutex::new(VecDeque::new()),
+            task: Mutex::new(None),
+        }))
+    }
+
+    fn log(&self) -> MutexGuard<'_, VecDeque<Logged>> {
+        self.log
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// What a release sent now is tagged with.
+    pub(crate) fn tag(&self) -> u64 {
+        self.switches.current()
+    }
+
+    /// Until when an acquisition of `keys` is held back after a switch
+    /// that concerns it (see `transport::switches::GRACE`); `None` in the
+    /// common case, read with one atomic load.
+    pub(crate) fn held_back(&self, keys: &LockKeys) -> Option<Instant> {
+        self.switches.held_back(|| Some(slot(&keys.lock)))
+    }
+
+    /// `hold`'s token was released (or passed on) by a call sent at
+    /// `sent_at`, tagged `tag`.
+    pub(crate) fn released(self: &Arc<Self>, hold: &Hold, tag: u64, sent_at: Instant) {
+        let keep = hold.keep_for();
+        let entry = Logged {
+            kind: hold.kind,
+            keys: hold.keys.clone(),
+            token: hold.token.clone(),
+            keep_until: (!keep.is_zero()).then(|| sent_at + keep),
+            until: sent_at + hold.ttl.max(keep) + drift_margin(hold.ttl),
+            tag,
+        };
+        // A switch learned of while it was on its way: sent again now.
+        let late = tag != self.switches.current()
+            && self
+                .switches
+                .since(tag)
+                .iter()
+                .any(|switch| entry.concerned_by(switch));
+        if late {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let (this, entry) = (Arc::clone(self), entry.clone());
+                runtime.spawn(async move { this.replay(vec![entry]).await });
+            }
+        }
+        let now = Instant::now();
+        let mut log = self.log();
+        while log
+            .front()
+            .is_some_and(|oldest| oldest.until <= now || log.len() >= CAPACITY)
+        {
+            log.pop_front();
+        }
+        log.push_back(entry);
+        drop(log);
+        self.watch();
+    }
+
+    /// Starts the task that waits for switches, if it does not run.
+    fn watch(self: &Arc<Self>) {
+        let mut task = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if task.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let changes = self.switches.subscribe();
+        let seen = self.switches.current();
+        *task = Some(runtime.spawn(watch_switches(Arc::downgrade(self), changes, seen)));
+    }
+
+    /// The logged releases a switch numbered after `seen` concerns, newest
+    /// first (the likeliest to be missing), still able to matter.
+    fn concerned(&self, switches: &[Switch]) -> Vec<Logged> {
+        let now = Instant::now();
+        let log = self.log();
+        log.iter()
+            .rev()
+            .filter(|entry| entry.until > now)
+            .filter(|entry| switches.iter().any(|switch| entry.concerned_by(switch)))
+            .cloned()
+            .collect()
+    }
+
+    /// Sends `entries` again (to the primary each key is on now),
+    /// [`AT_ONCE`] at a time; each tried again after a failure while its
+    /// key could exist.
+    async fn replay(&self, entries: Vec<Logged>) {
+        let count = entries.len();
+        let made_good: usize = futures_util::stream::iter(entries)
+            .map(|entry| self.replay_one(entry))
+            .buffer_unordered(AT_ONCE)
+            .map(usize::from)
+            .fold(0, |sum, one| async move { sum + one })
+            .await;
+        if made_good > 0 {
+            tracing::info!(
+                releases = made_good,
+                sent_again = count,
+                "after a switch of primary, releases the new primary had not received were made \
+                 good there (their locks would otherwise have stayed taken until their ttl)"
+            );
+        }
+    }
+
+    /// One release sent again; whether it found the lock's copy there.
+    async fn replay_one(&self, entry: Logged) -> bool {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let keep_ms = entry.keep_until.map_or(0, |until| {
+                until.saturating_duration_since(Instant::now()).as_millis() as u64
+            });
+            match self
+                .backend
+                .release(entry.kind, &entry.keys, &entry.token, keep_ms)
+                .await
+            {
+                Ok(release) => return release.found == Found::Mine,
+                Err(error) => {
+                    if Instant::now() + pause >= entry.until {
+                        tracing::debug!(
+                            lock = %entry.keys.name(), %error,
+                            "a release sent again after a switch of primary failed"
+                        );
+                        return false;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Replays {
+    fn drop(&mut self) {
+        let task = self
+            .task
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(task) = task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Waits for switches while the client lives; sends again the logged
+/// releases each concerns.
+async fn watch_switches(
+    replays: Weak<Replays>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    mut seen: u64,
+) {
+    while changes.changed().await.is_ok() {
+        let Some(this) = replays.upgrade() else {
+            return;
+        };
+        let switches = this.switches.since(seen);
+        seen = switches.last().map_or(seen, |switch| switch.number);
+        let entries = this.concerned(&switches);
+        if !entries.is_empty() {
+            tokio::spawn(async move { this.replay(entries).await });
+        }
+    }
+}
