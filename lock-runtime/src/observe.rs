@@ -31,7 +31,7 @@ fn describe() {
 /// its first lock was taken.
 #[cfg(feature = "metrics")]
 pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_histogram, Unit};
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         "lock_acquisitions_total",
         Unit::Count,
@@ -68,6 +68,12 @@ pub fn describe_metrics() {
         "lock_renewal_round_trips_total",
         Unit::Count,
         "Round trips to Redis made by the renewal driver (each carries many renewals)"
+    );
+    describe_gauge!(
+        "lock_acknowledged_replicas",
+        Unit::Count,
+        "Acknowledged mode: the replicas the Redis primary had connected when a write was last \
+         refused for too few confirmations"
     );
 }
 
@@ -143,4 +149,16 @@ pub(crate) fn renewal_round_trip() {
         describe();
         metrics::counter!("lock_renewal_round_trips_total").increment(1);
     }
+}
+
+/// Acknowledged mode: the primary had `connected` replicas when a write was
+/// refused for too few confirmations.
+pub(crate) fn acknowledged_replicas(connected: u32) {
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        metrics::gauge!("lock_acknowledged_replicas").set(f64::from(connected));
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = connected;
 }

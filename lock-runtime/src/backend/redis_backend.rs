@@ -7,6 +7,7 @@ mod inspect;
 mod quorum_node;
 mod record;
 mod renewal;
+mod replicas;
 mod shared;
 
 pub(crate) use quorum_node::{Ballot, Vote, VoteKind};
@@ -46,6 +47,8 @@ pub(crate) struct RedisBackend {
     /// The switches of primary its connections learn of (Sentinel, a
     /// cluster; see [`Backend::switches`]).
     switches: Option<Arc<Switches>>,
+    /// Acknowledged mode: the primary's replicas as last seen (`replicas.rs`).
+    replicas: replicas::ReplicaWatch,
 }
 
 impl RedisBackend {
@@ -60,6 +63,7 @@ impl RedisBackend {
             cluster,
             publish_refused: AtomicBool::new(false),
             switches,
+            replicas: replicas::ReplicaWatch::new(),
         }
     }
 
@@ -378,6 +382,10 @@ impl RedisBackend {
             // answer: the `WAIT` of this call may have run on another
             // connection than the write, and then confirms nothing.
             Ok(Acquire::Acquired { found: Some(_), .. }) => None,
+            Ok(Acquire::Acquired { .. }) => {
+                self.replicas.confirmed();
+                return outcome;
+            }
             _ => return outcome,
         };
         // Given back, if it was taken at all: `WAIT` follows the
@@ -388,12 +396,19 @@ impl RedisBackend {
         {
             return Ok(Acquire::Busy { expires_in: None });
         }
-        // A failed release leaves the lock to its ttl.
+        // A failed release leaves the lock to its ttl. Why it was refused:
+        // the replicas the primary has (`replicas.rs`).
+        let slot = self.cluster.then(|| slots::slot(&request.keys.lock));
+        let connected = match confirmed {
+            Some(_) => self.replicas_after_refusal(slot).await,
+            None => None,
+        };
         Err(LockError::NotReplicated {
             name: request.keys.name().to_owned(),
             confirmed,
             wanted: ack.replicas,
             timeout: Duration::from_millis(ack.timeout_ms),
+            connected,
         })
     }
 
