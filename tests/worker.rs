@@ -108,6 +108,8 @@
 //!   COUNTER, each recorded with its start and end in `COUNTER:sections`
 //!   (stopped ones in `COUNTER:cancelled`), until `stop`.
 //! - `hold-renewed KEY TTL_MS`: a renewed lock that says when it is lost.
+//! - `holder`: tries, holds and releases locks as stdin says (`try KEY
+//!   TTL_MS`, `release KEY`, `held KEY`), one answer line each.
 //!
 //! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
 //! is in acknowledged mode (N replicas).
@@ -141,6 +143,7 @@ async fn main() {
             failover::switch_sections(key, parse(tasks), counter).await
         }
         ["hold-renewed", key, ttl_ms] => failover::hold_renewed(key, parse(ttl_ms)).await,
+        ["holder"] => failover::holder().await,
         ["count", key, tasks, sections, counter, rest @ ..] => {
             count(
                 key,

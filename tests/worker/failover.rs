@@ -240,3 +240,50 @@ pub async fn switch_sections(key: &str, tasks: usize, counter: &str) {
     let first = errors.first().cloned().unwrap_or_default();
     say(&format!("done ran={ran} errors={}|{first}", errors.len()));
 }
+
+/// `holder`: takes commands on stdin, one per line, and answers each with
+/// one line:
+/// - `try KEY TTL_MS`: one try (no renewal); `acquired`, `busy`, or
+///   `error: KIND: MESSAGE` (KIND: `not-replicated` or `other`); the lock
+///   is kept until `release KEY`;
+/// - `release KEY`: `released`, `lost CAUSE` or `error: MESSAGE`;
+/// - `held KEY`: `held` while the lock is held as far as the holder knows,
+///   else `not held`.
+pub async fn holder() {
+    let mut held: std::collections::HashMap<String, lock_runtime::LockGuard> =
+        std::collections::HashMap::new();
+    loop {
+        let line = next_line().await;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["try", key, ttl_ms] => {
+                let ttl = Duration::from_millis(crate::parse(ttl_ms));
+                match Lock::new(*key).ttl(ttl).try_acquire().await {
+                    Ok(guard) => {
+                        held.insert((*key).to_owned(), guard);
+                        say("acquired");
+                    }
+                    Err(LockError::Busy { .. }) => say("busy"),
+                    Err(error @ LockError::NotReplicated { .. }) => {
+                        say(&format!("error: not-replicated: {error}"))
+                    }
+                    Err(error) => say(&format!("error: other: {error}")),
+                }
+            }
+            ["release", key] => match held.remove(*key) {
+                Some(guard) => match guard.release().await {
+                    Ok(()) => say("released"),
+                    Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+                    Err(error) => say(&format!("error: {error}")),
+                },
+                None => say("error: not held"),
+            },
+            ["held", key] => match held.get(*key) {
+                Some(guard) if guard.is_held() => say("held"),
+                _ => say("not held"),
+            },
+            [] => return,
+            _ => panic!("holder: unknown command {line:?}"),
+        }
+    }
+}
