@@ -399,8 +399,9 @@ impl RedisBackend {
         // A failed release leaves the lock to its ttl. Why it was refused:
         // the replicas the primary has (`replicas.rs`).
         let slot = self.cluster.then(|| slots::slot(&request.keys.lock));
+        // Boxed: a rare path that must not size the common one's future.
         let connected = match confirmed {
-            Some(_) => self.replicas_after_refusal(slot).await,
+            Some(_) => Box::pin(self.replicas_after_refusal(slot)).await,
             None => None,
         };
         Err(LockError::NotReplicated {

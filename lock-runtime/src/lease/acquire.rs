@@ -603,7 +603,8 @@ impl Acquisition<'_> {
             .replays()
             .and_then(|replays| replays.held_back(&self.keys))
         {
-            tokio::time::sleep_until(until).await;
+            // Boxed: a rare wait that must not size every attempt's future.
+            Box::pin(tokio::time::sleep_until(until)).await;
         }
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();

@@ -24,6 +24,7 @@
 //! lock a ttl, as before.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -69,6 +70,18 @@ pub(crate) struct Replays {
     log: Mutex<VecDeque<Logged>>,
     /// The task that waits for switches, started with the first entry.
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Whether that task runs (read on every release: the task's mutex is
+    /// taken only when it does not).
+    watching: Arc<AtomicBool>,
+}
+
+/// Clears `watching` when the task ends, or is dropped with its runtime.
+struct Watching(Arc<AtomicBool>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl Replays {
@@ -81,6 +94,7 @@ impl Replays {
             switches,
             log: Mutex::new(VecDeque::new()),
             task: Mutex::new(None),
+            watching: Arc::new(AtomicBool::new(false)),
         }))
     }
 
@@ -103,16 +117,38 @@ impl Replays {
     }
 
     /// `hold`'s token was released (or passed on) by a call sent at
-    /// `sent_at`, tagged `tag`.
+    /// `sent_at`, tagged `tag`. On the common path one mutex and no
+    /// allocation once the log is full or its oldest entry expired (that
+    /// entry's memory is reused).
     pub(crate) fn released(self: &Arc<Self>, hold: &Hold, tag: u64, sent_at: Instant) {
         let keep = hold.keep_for();
-        let entry = Logged {
-            kind: hold.kind,
-            keys: hold.keys.clone(),
-            token: hold.token.clone(),
-            keep_until: (!keep.is_zero()).then(|| sent_at + keep),
-            until: sent_at + hold.ttl.max(keep) + drift_margin(hold.ttl),
-            tag,
+        let keep_until = (!keep.is_zero()).then(|| sent_at + keep);
+        let until = sent_at + hold.ttl.max(keep) + drift_margin(hold.ttl);
+        let mut log = self.log();
+        // The oldest entry, if it can go: its memory is reused.
+        let reused = match log.front() {
+            Some(oldest) if oldest.until <= sent_at || log.len() >= CAPACITY => log.pop_front(),
+            _ => None,
+        };
+        let entry = match reused {
+            Some(mut entry) => {
+                entry.keys.copy_from(&hold.keys);
+                entry.token.clear();
+                entry.token.push_str(&hold.token);
+                entry.kind = hold.kind;
+                entry.keep_until = keep_until;
+                entry.until = until;
+                entry.tag = tag;
+                entry
+            }
+            None => Logged {
+                kind: hold.kind,
+                keys: hold.keys.clone(),
+                token: hold.token.clone(),
+                keep_until,
+                until,
+                tag,
+            },
         };
         // A switch learned of while it was on its way: sent again now.
         let late = tag != self.switches.current()
@@ -127,20 +163,15 @@ impl Replays {
                 runtime.spawn(async move { this.replay(vec![entry]).await });
             }
         }
-        let now = Instant::now();
-        let mut log = self.log();
-        while log
-            .front()
-            .is_some_and(|oldest| oldest.until <= now || log.len() >= CAPACITY)
-        {
-            log.pop_front();
-        }
         log.push_back(entry);
         drop(log);
-        self.watch();
+        if !self.watching.load(Ordering::Acquire) {
+            self.watch();
+        }
     }
 
-    /// Starts the task that waits for switches, if it does not run.
+    /// Starts the task that waits for switches, if it does not run (first
+    /// use, or the runtime it ran on has shut down).
     fn watch(self: &Arc<Self>) {
         let mut task = self
             .task
@@ -154,7 +185,14 @@ impl Replays {
         };
         let changes = self.switches.subscribe();
         let seen = self.switches.current();
-        *task = Some(runtime.spawn(watch_switches(Arc::downgrade(self), changes, seen)));
+        self.watching.store(true, Ordering::Release);
+        let watching = Watching(Arc::clone(&self.watching));
+        *task = Some(runtime.spawn(watch_switches(
+            Arc::downgrade(self),
+            changes,
+            seen,
+            watching,
+        )));
     }
 
     /// The logged releases a switch numbered after `seen` concerns, newest
@@ -238,6 +276,7 @@ async fn watch_switches(
     replays: Weak<Replays>,
     mut changes: tokio::sync::watch::Receiver<u64>,
     mut seen: u64,
+    _watching: Watching,
 ) {
     while changes.changed().await.is_ok() {
         let Some(this) = replays.upgrade() else {

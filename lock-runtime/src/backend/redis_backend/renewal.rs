@@ -201,7 +201,7 @@ impl RedisBackend {
         // the primary has (warned of when too few, `replicas.rs`).
         match &renewed {
             Err(error) if replicas_confirmed(error).is_some() => {
-                self.replicas_after_refusal(group.route).await;
+                Box::pin(self.replicas_after_refusal(group.route)).await;
             }
             Ok(_) if self.ack.is_some() => self.replicas.confirmed(),
             _ => {}
