@@ -48,17 +48,38 @@ fn bulk_items(reply: &str) -> Vec<String> {
         .collect()
 }
 
-/// The sections recorded in `list` (`"START END"`, µs), sorted by start.
+/// The sections recorded in `list` (`"START END ID"`, µs), sorted by
+/// start.
 fn sections(bookkeeping: &RedisServer, list: &str) -> Vec<(u64, u64)> {
-    let mut all: Vec<(u64, u64)> = bulk_items(&redis(bookkeeping, &["LRANGE", list, "0", "-1"]))
-        .iter()
-        .map(|item| {
-            let (start, end) = item.split_once(' ').unwrap();
-            (start.parse().unwrap(), end.parse().unwrap())
-        })
+    let mut all: Vec<(u64, u64)> = records(bookkeeping, list)
+        .into_iter()
+        .map(|(start, end, _)| (start, end))
         .collect();
     all.sort_unstable();
     all
+}
+
+/// The ids of the sections recorded in `list`.
+fn recorded_ids(bookkeeping: &RedisServer, list: &str) -> Vec<String> {
+    records(bookkeeping, list)
+        .into_iter()
+        .map(|(_, _, id)| id)
+        .collect()
+}
+
+/// The sections recorded in `list`: start, end, id.
+fn records(bookkeeping: &RedisServer, list: &str) -> Vec<(u64, u64, String)> {
+    bulk_items(&redis(bookkeeping, &["LRANGE", list, "0", "-1"]))
+        .iter()
+        .map(|item| {
+            let fields: Vec<&str> = item.split(' ').collect();
+            (
+                fields[0].parse().unwrap(),
+                fields[1].parse().unwrap(),
+                fields[2].to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// Three processes × three tasks run sections of `key` through `url`;
@@ -103,7 +124,14 @@ async fn sections_through(
         assert!(done.starts_with("done ran="), "{done}");
     }
     let recorded = sections(&bookkeeping, "count:sections");
-    let cancelled = sections(&bookkeeping, "count:cancelled");
+    // A section stopped after its record was made (its reply on the way)
+    // is in both lists: counted once.
+    let ids: Vec<String> = recorded_ids(&bookkeeping, "count:sections");
+    let cancelled: Vec<(u64, u64)> = records(&bookkeeping, "count:cancelled")
+        .into_iter()
+        .filter(|(_, _, id)| !ids.contains(id))
+        .map(|(start, end, _)| (start, end))
+        .collect();
     let counter: usize = value(&redis(&bookkeeping, &["GET", "count"]))
         .unwrap()
         .parse()

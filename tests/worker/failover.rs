@@ -126,13 +126,24 @@ pub fn init_acknowledged() {
 }
 
 /// Records one section on the bookkeeping server: `SET COUNTER value` and
-/// `RPUSH COUNTER:sections "START END"` (END: the server's clock now, µs)
-/// in one script, so that a section counts in the list exactly when its
-/// write of the counter happened.
+/// `RPUSH COUNTER:sections "START END ID"` (END: the server's clock now,
+/// µs; ID: the section's, unique) in one script, so that a section counts
+/// in the list exactly when its write of the counter happened.
 const RECORD_SECTION: &str = "local t = redis.call('TIME') \
     redis.call('SET', KEYS[1], ARGV[1]) \
-    redis.call('RPUSH', KEYS[2], ARGV[2] .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2]))) \
+    redis.call('RPUSH', KEYS[2], ARGV[2] .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2])) \
+        .. ' ' .. ARGV[3]) \
     return 1";
+
+/// A section's id: this process's id and its number here.
+fn section_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// The bookkeeping server's clock, µs.
 async fn now_us(redis: &mut Redis) -> u64 {
@@ -140,23 +151,28 @@ async fn now_us(redis: &mut Redis) -> u64 {
     seconds * 1_000_000 + micros
 }
 
-/// A section stopped before it recorded itself (its lock was lost and the
-/// attribute stopped the body): `RPUSH COUNTER:cancelled "START END"` (END:
-/// when it was stopped), from a task of its own.
+/// A section stopped before it knew it had recorded itself (its lock was
+/// lost and the attribute stopped the body; the record may have been made
+/// while its reply was on its way): `RPUSH COUNTER:cancelled "START END
+/// ID"` (END: when it was stopped), from a task of its own.
 struct Unfinished {
     redis: Option<Redis>,
     counter: String,
     start: u64,
+    id: String,
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(mut redis) = self.redis.take() {
-            let (counter, start) = (self.counter.clone(), self.start);
+            let (counter, start, id) = (self.counter.clone(), self.start, self.id.clone());
             tokio::spawn(async move {
                 let end = now_us(&mut redis).await;
                 let _: i64 = redis
-                    .rpush(format!("{counter}:cancelled"), format!("{start} {end}"))
+                    .rpush(
+                        format!("{counter}:cancelled"),
+                        format!("{start} {end} {id}"),
+                    )
                     .await
                     .unwrap();
             });
@@ -176,6 +192,7 @@ async fn switch_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(
         redis: Some(redis.clone()),
         counter: counter.to_owned(),
         start,
+        id: section_id(),
     };
     let value: i64 = redis
         .get::<_, Option<i64>>(counter)
@@ -190,6 +207,7 @@ async fn switch_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(
         .arg(format!("{counter}:sections"))
         .arg(value + 1)
         .arg(start)
+        .arg(&unfinished.id)
         .query_async(redis)
         .await
         .unwrap();

@@ -116,16 +116,25 @@ impl RedisBackend {
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
             .call(|link, number| {
+                // An acquisition's retry, just after this client learned of
+                // a switch of primary (often from this call: a `MOVED`, a
+                // `READONLY`, or sent again at half its deadline), is held
+                // back as a first attempt is (`acquire`).
+                let held = match number {
+                    0 => None,
+                    _ if operation != "acquire" => None,
+                    _ => self.held_back(|| None),
+                };
                 // Without acknowledged mode (the common case) the attempt's
                 // own future, unwrapped: every async layer around it would
                 // hold it twice (as its argument and as what it awaits),
                 // and the box `Backend::acquire` puts it in would outgrow
                 // the allocator's cache of small blocks (see `acquire_once`).
-                let Some(ack) = ack else {
+                if ack.is_none() && held.is_none() {
                     return Either::Left(attempt(link, number));
-                };
+                }
                 let main = link.clone();
-                let (link, borrowed) = self.for_call(link, Some(ack));
+                let (link, borrowed) = self.for_call(link, ack);
                 // Nudged past its `WAIT`'s timeout: on one server, on an
                 // open connection of the pool (`ack_pool.rs`).
                 let nudge = !self.cluster
@@ -134,15 +143,26 @@ impl RedisBackend {
                         .is_some_and(|borrowed| !borrowed.is_fresh());
                 let call = on_borrowed(borrowed, attempt(link, number));
                 Either::Right(Box::pin(async move {
-                    if nudge {
-                        nudged(ack, main, call).await
-                    } else {
-                        call.await
+                    if let Some(until) = held {
+                        tokio::time::sleep_until(until).await;
+                    }
+                    match ack {
+                        Some(ack) if nudge => nudged(ack, main, call).await,
+                        _ => call.await,
                     }
                 }))
             })
             .await
             .map_err(|source| LockError::redis(name, operation, source))
+    }
+
+    /// Until when an acquisition of a key of `slot` (on a cluster; `None`:
+    /// any) is held back after a switch of primary that concerns it
+    /// (`transport/switches.rs`, `GRACE`): the holders of locks the new
+    /// primary lacks are told first. `None` in the common case (one atomic
+    /// load), and always on one server.
+    fn held_back(&self, slot: impl FnOnce() -> Option<u16>) -> Option<Instant> {
+        self.switches.as_ref()?.held_back(slot)
     }
 
     /// The connection for one call: `link`, or in acknowledged mode
@@ -369,6 +389,12 @@ impl RedisBackend {
     /// server, a cluster or Sentinel go here without the trait's box (see
     /// [`Backend::as_redis`]).
     pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        // Just after a switch of primary (boxed: a rare wait that must not
+        // size the common path's future).
+        let slot = || self.cluster.then(|| slots::slot(&request.keys.lock));
+        if let Some(until) = self.held_back(slot) {
+            Box::pin(tokio::time::sleep_until(until)).await;
+        }
         let outcome = self.acquire_once(&request).await;
         let Some(ack) = self.ack else {
             return outcome;
@@ -516,6 +542,14 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<AcquireAll, LockError>> {
         Box::pin(async move {
             let name = request.keys.first().map_or("", LockKeys::name);
+            // Just after a switch of primary (see `acquire`).
+            let slot = || {
+                let first = request.keys.first()?;
+                self.cluster.then(|| slots::slot(&first.lock))
+            };
+            if let Some(until) = self.held_back(slot) {
+                tokio::time::sleep_until(until).await;
+            }
             self.call(name, "acquire", |mut connection, attempt| async move {
                 let retry = AcquireAllRequest {
                     mine: request.mine || attempt > 0,

@@ -596,16 +596,6 @@ impl Acquisition<'_> {
         respect_queue: Respect,
         place: Option<&WaitPlace>,
     ) -> Result<Attempt, LockError> {
-        // Just after a switch of primary, held back while the holders of
-        // locks the new primary lacks are told (`replay.rs`).
-        if let Some(until) = self
-            .core
-            .replays()
-            .and_then(|replays| replays.held_back(&self.keys))
-        {
-            // Boxed: a rare wait that must not size every attempt's future.
-            Box::pin(tokio::time::sleep_until(until)).await;
-        }
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();
         let fencing = self.settings.fencing;

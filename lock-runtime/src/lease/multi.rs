@@ -157,13 +157,6 @@ impl SetAcquisition<'_> {
         let mut error_pause = FIRST_ERROR_PAUSE;
         loop {
             let notified = subscription.as_ref().map(Subscription::notified);
-            // Just after a switch of primary (`replay.rs`).
-            let held_back = core
-                .replays()
-                .and_then(|replays| keys.iter().filter_map(|keys| replays.held_back(keys)).max());
-            if let Some(until) = held_back {
-                tokio::time::sleep_until(until).await;
-            }
             let request = AcquireAllRequest {
                 keys,
                 token: &token,

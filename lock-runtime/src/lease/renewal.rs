@@ -196,9 +196,11 @@ async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
             continue;
         }
         drop(this);
+        // `Some(false)`: the switches' sender is gone (never while the
+        // renewer lives; then no longer listened to).
         let switched = async {
             match changes.as_mut() {
-                Some(changes) => changes.changed().await.is_ok(),
+                Some(changes) => Some(changes.changed().await.is_ok()),
                 None => std::future::pending().await,
             }
         };
@@ -208,20 +210,23 @@ async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
             Some(at) => {
                 tokio::select! {
                     biased;
-                    _ = wake.notified() => false,
+                    _ = wake.notified() => None,
                     switched = switched => switched,
-                    _ = tokio::time::sleep_until(at) => false,
+                    _ = tokio::time::sleep_until(at) => None,
                 }
             }
             None => {
                 tokio::select! {
                     biased;
-                    _ = wake.notified() => false,
+                    _ = wake.notified() => None,
                     switched = switched => switched,
                 }
             }
         };
-        if switched {
+        if switched == Some(false) {
+            changes = None;
+        }
+        if switched == Some(true) {
             let Some(this) = renewer.upgrade() else {
                 return;
             };

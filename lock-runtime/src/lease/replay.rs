@@ -109,13 +109,6 @@ impl Replays {
         self.switches.current()
     }
 
-    /// Until when an acquisition of `keys` is held back after a switch
-    /// that concerns it (see `transport::switches::GRACE`); `None` in the
-    /// common case, read with one atomic load.
-    pub(crate) fn held_back(&self, keys: &LockKeys) -> Option<Instant> {
-        self.switches.held_back(|| Some(slot(&keys.lock)))
-    }
-
     /// `hold`'s token was released (or passed on) by a call sent at
     /// `sent_at`, tagged `tag`. On the common path one mutex and no
     /// allocation once the log is full or its oldest entry expired (that
