@@ -39,6 +39,7 @@ fn secured(tls: Option<TlsOptions>, sentinel_user: Option<&str>) -> RedisSentine
         sentinel_user: sentinel_user.map(str::to_owned),
         node_users: vec![rule],
         tls,
+        ..SentinelOptions::default()
     })
 }
 

@@ -103,7 +103,13 @@
 //! Failover modes (`worker/failover.rs`):
 //! - `failover-sections KEY TASKS COUNTER`: sections under a renewed,
 //!   fenced attribute, going on through failed calls until `stop`.
+//! - `switch-sections KEY TASKS COUNTER`: sections under a renewed
+//!   attribute (ttl 10 s, wait 15 s) doing a non-atomic GET / +1 / SET of
+//!   COUNTER, each recorded with its start and end in `COUNTER:sections`
+//!   (stopped ones in `COUNTER:cancelled`), until `stop`.
 //! - `hold-renewed KEY TTL_MS`: a renewed lock that says when it is lost.
+//! - `holder`: tries, holds and releases locks as stdin says (`try KEY
+//!   TTL_MS`, `release KEY`, `held KEY`), one answer line each.
 //!
 //! With `LOCK_ACKNOWLEDGED=N` in the environment, the process-wide client
 //! is in acknowledged mode (N replicas).
@@ -133,7 +139,11 @@ async fn main() {
         ["failover-sections", key, tasks, counter] => {
             failover::failover_sections(key, parse(tasks), counter).await
         }
+        ["switch-sections", key, tasks, counter] => {
+            failover::switch_sections(key, parse(tasks), counter).await
+        }
         ["hold-renewed", key, ttl_ms] => failover::hold_renewed(key, parse(ttl_ms)).await,
+        ["holder"] => failover::holder().await,
         ["count", key, tasks, sections, counter, rest @ ..] => {
             count(
                 key,

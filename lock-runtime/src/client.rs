@@ -18,6 +18,7 @@ use crate::lease::Core;
 use crate::redact::redact_url;
 use crate::tls::{self, TlsSettings};
 use crate::token::Random;
+use crate::transport::switches::Switches;
 use crate::transport::Transport;
 use crate::wall_clock::WallClock;
 
@@ -841,6 +842,7 @@ impl Client {
                     .collect(),
                 transport.clone(),
                 call_deadline(&config),
+                Switches::new(call_deadline(&config)),
             )))
         } else if config.is_quorum() {
             // The same node twice would count twice towards a majority.

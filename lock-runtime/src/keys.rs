@@ -37,6 +37,15 @@ impl LockKeys {
         })
     }
 
+    /// Becomes a copy of `other`, in the memory it has (no allocation when
+    /// its key fits: the failover log reuses its oldest entries).
+    pub(crate) fn copy_from(&mut self, other: &LockKeys) {
+        self.lock.clear();
+        self.lock.push_str(&other.lock);
+        self.name_start = other.name_start;
+        self.name_end = other.name_end;
+    }
+
     /// The lock's name, as given: the key without its prefix, hash tag and
     /// suffix.
     pub(crate) fn name(&self) -> &str {

@@ -97,6 +97,7 @@ mod names {
         pub(super) renewal_round_trips: &'static str,
         pub(super) renewal_failures: &'static str,
         pub(super) held: &'static str,
+        pub(super) acknowledged_replicas: &'static str,
     }
 
     pub(super) fn names() -> &'static Names {
@@ -116,6 +117,7 @@ mod names {
                 renewal_round_trips: name("renewal_round_trips_total"),
                 renewal_failures: name("renewal_failures_total"),
                 held: name("held_locks"),
+                acknowledged_replicas: name("acknowledged_replicas"),
             }
         })
     }
@@ -204,6 +206,12 @@ pub fn describe_metrics() {
         names.held,
         Unit::Count,
         "Locks this process holds now, by lock template"
+    );
+    describe_gauge!(
+        names.acknowledged_replicas,
+        Unit::Count,
+        "Acknowledged mode: the replicas the Redis primary had connected when a write was last \
+         refused for too few confirmations"
     );
 }
 
@@ -343,4 +351,16 @@ mod tests {
             assert!(super::set_metric_prefix(bad).is_err(), "{bad:?}");
         }
     }
+}
+
+/// Acknowledged mode: the primary had `connected` replicas when a write was
+/// refused for too few confirmations.
+pub(crate) fn acknowledged_replicas(connected: u32) {
+    #[cfg(feature = "metrics")]
+    {
+        let names = describe();
+        metrics::gauge!(names.acknowledged_replicas).set(f64::from(connected));
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = connected;
 }

@@ -59,6 +59,8 @@ pub struct SentinelOptions {
     /// (this crate's certificates), replicate and reach each other over it
     /// (`tls-replication yes`).
     pub tls: Option<TlsOptions>,
+    /// `down-after-milliseconds` (`None`: [`DOWN_AFTER_MS`]).
+    pub down_after_ms: Option<u64>,
 }
 
 /// A running private Sentinel setup.
@@ -194,7 +196,15 @@ impl RedisSentinel {
                     user: self.options.sentinel_user.clone(),
                     password,
                 });
-            write_sentinel_config(&config, port, &self.dir, primary, login.as_ref())?;
+            let down_after = self.options.down_after_ms.unwrap_or(DOWN_AFTER_MS);
+            write_sentinel_config(
+                &config,
+                port,
+                &self.dir,
+                primary,
+                down_after,
+                login.as_ref(),
+            )?;
             let tls = self
                 .options
                 .tls
@@ -474,12 +484,13 @@ impl Drop for RedisSentinel {
 }
 
 /// A sentinel's configuration: its port, its directory, the primary to
-/// watch and how quickly to fail it over.
+/// watch and how quickly to fail it over (down after `down_after` ms).
 fn write_sentinel_config(
     path: &Path,
     port: u16,
     dir: &Path,
     primary: u16,
+    down_after: u64,
     login: Option<&Login>,
 ) -> io::Result<()> {
     let mut config = format!(
@@ -489,7 +500,7 @@ fn write_sentinel_config(
          loglevel warning\n\
          dir \"{dir}\"\n\
          sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
-         sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
+         sentinel down-after-milliseconds {MASTER_NAME} {down_after}\n\
          sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n\
          sentinel parallel-syncs {MASTER_NAME} 2\n",
         dir = dir.display()

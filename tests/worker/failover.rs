@@ -124,3 +124,184 @@ pub fn init_acknowledged() {
     )
     .expect("an acknowledged client");
 }
+
+/// Records one section on the bookkeeping server: `SET COUNTER value` and
+/// `RPUSH COUNTER:sections "START END ID"` (END: the server's clock now,
+/// µs; ID: the section's, unique) in one script, so that a section counts
+/// in the list exactly when its write of the counter happened.
+const RECORD_SECTION: &str = "local t = redis.call('TIME') \
+    redis.call('SET', KEYS[1], ARGV[1]) \
+    redis.call('RPUSH', KEYS[2], ARGV[2] .. ' ' .. t[1] .. string.format('%06d', tonumber(t[2])) \
+        .. ' ' .. ARGV[3]) \
+    return 1";
+
+/// A section's id: this process's id and its number here.
+fn section_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The bookkeeping server's clock, µs.
+async fn now_us(redis: &mut Redis) -> u64 {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    seconds * 1_000_000 + micros
+}
+
+/// A section stopped before it knew it had recorded itself (its lock was
+/// lost and the attribute stopped the body; the record may have been made
+/// while its reply was on its way): `RPUSH COUNTER:cancelled "START END
+/// ID"` (END: when it was stopped), from a task of its own.
+struct Unfinished {
+    redis: Option<Redis>,
+    counter: String,
+    start: u64,
+    id: String,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(mut redis) = self.redis.take() {
+            let (counter, start, id) = (self.counter.clone(), self.start, self.id.clone());
+            tokio::spawn(async move {
+                let end = now_us(&mut redis).await;
+                let _: i64 = redis
+                    .rpush(
+                        format!("{counter}:cancelled"),
+                        format!("{start} {end} {id}"),
+                    )
+                    .await
+                    .unwrap();
+            });
+        }
+    }
+}
+
+/// One section as the issue-38 scenario has it (`ttl = "10s"`, `wait =
+/// "15s"`, renewed): a non-atomic GET / +1 / SET of COUNTER with 5 ms in
+/// between, recorded with its start and end (the bookkeeping server's
+/// clock) in `COUNTER:sections`, or in `COUNTER:cancelled` if it was
+/// stopped first.
+#[distributed_lock(key = "<key>", ttl = "10s", wait = "15s", renew)]
+async fn switch_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(), LockError> {
+    let start = now_us(redis).await;
+    let mut unfinished = Unfinished {
+        redis: Some(redis.clone()),
+        counter: counter.to_owned(),
+        start,
+        id: section_id(),
+    };
+    let value: i64 = redis
+        .get::<_, Option<i64>>(counter)
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let _: i64 = redis::cmd("EVAL")
+        .arg(RECORD_SECTION)
+        .arg(2)
+        .arg(counter)
+        .arg(format!("{counter}:sections"))
+        .arg(value + 1)
+        .arg(start)
+        .arg(&unfinished.id)
+        .query_async(redis)
+        .await
+        .unwrap();
+    unfinished.redis = None;
+    Ok(())
+}
+
+/// `switch-sections KEY TASKS COUNTER`: TASKS tasks run [`switch_section`]
+/// again and again until `stop` arrives on stdin; a call that fails is
+/// counted and tried again 20 ms later. Prints `ready` once this process
+/// ran a section, then `done ran=N errors=E|FIRST`.
+pub async fn switch_sections(key: &str, tasks: usize, counter: &str) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ran_tx, mut ran_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (key, counter, stop) = (key.to_owned(), counter.to_owned(), Arc::clone(&stop));
+        let ran_tx = ran_tx.clone();
+        handles.push(tokio::spawn(async move {
+            let mut redis = bookkeeping().await;
+            let (mut ran, mut errors) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match switch_section(&key, &mut redis, &counter).await {
+                    Ok(()) => {
+                        ran += 1;
+                        let _ = ran_tx.send(());
+                    }
+                    Err(error) => {
+                        errors.push(error.to_string());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ran, errors)
+        }));
+    }
+    drop(ran_tx);
+    ran_rx.recv().await.expect("a section ran");
+    say("ready");
+    assert_eq!(next_line().await, "stop");
+    stop.store(true, Ordering::Relaxed);
+    let (mut ran, mut errors) = (0, Vec::new());
+    for handle in handles {
+        let (task_ran, task_errors) = handle.await.unwrap();
+        ran += task_ran;
+        errors.extend(task_errors);
+    }
+    let first = errors.first().cloned().unwrap_or_default();
+    say(&format!("done ran={ran} errors={}|{first}", errors.len()));
+}
+
+/// `holder`: takes commands on stdin, one per line, and answers each with
+/// one line:
+/// - `try KEY TTL_MS`: one try (no renewal); `acquired`, `busy`, or
+///   `error: KIND: MESSAGE` (KIND: `not-replicated` or `other`); the lock
+///   is kept until `release KEY`;
+/// - `release KEY`: `released`, `lost CAUSE` or `error: MESSAGE`;
+/// - `held KEY`: `held` while the lock is held as far as the holder knows,
+///   else `not held`.
+pub async fn holder() {
+    let mut held: std::collections::HashMap<String, lock_runtime::LockGuard> =
+        std::collections::HashMap::new();
+    loop {
+        let line = next_line().await;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["try", key, ttl_ms] => {
+                let ttl = Duration::from_millis(crate::parse(ttl_ms));
+                match Lock::new(*key).ttl(ttl).try_acquire().await {
+                    Ok(guard) => {
+                        held.insert((*key).to_owned(), guard);
+                        say("acquired");
+                    }
+                    Err(LockError::Busy { .. }) => say("busy"),
+                    Err(error @ LockError::NotReplicated { .. }) => {
+                        say(&format!("error: not-replicated: {error}"))
+                    }
+                    Err(error) => say(&format!("error: other: {error}")),
+                }
+            }
+            ["release", key] => match held.remove(*key) {
+                Some(guard) => match guard.release().await {
+                    Ok(()) => say("released"),
+                    Err(LockError::Lost { cause, .. }) => say(&format!("lost {cause:?}")),
+                    Err(error) => say(&format!("error: {error}")),
+                },
+                None => say("error: not held"),
+            },
+            ["held", key] => match held.get(*key) {
+                Some(guard) if guard.is_held() => say("held"),
+                _ => say("not held"),
+            },
+            [] => return,
+            _ => panic!("holder: unknown command {line:?}"),
+        }
+    }
+}

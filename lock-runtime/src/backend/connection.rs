@@ -31,6 +31,7 @@ use crate::transport::cluster::slot_map::Ranges;
 use crate::transport::cluster::Router;
 use crate::transport::node::NodeLink;
 use crate::transport::sentinel::{SentinelLink, Sentinels};
+use crate::transport::switches::Switches;
 use crate::transport::{timed_out, Transport};
 
 /// Where the calls go: one server (or a primary with replicas behind one
@@ -39,9 +40,15 @@ use crate::transport::{timed_out, Transport};
 #[derive(Clone)]
 pub(crate) enum Target {
     Node(Box<redis::Client>, Transport),
-    /// The seed nodes, how connections are opened, and the longest a node
-    /// may take to answer `CLUSTER SLOTS`.
-    Cluster(Vec<redis::ConnectionInfo>, Transport, Duration),
+    /// The seed nodes, how connections are opened, the longest a node
+    /// may take to answer `CLUSTER SLOTS`, and where the slot maps fetched
+    /// are told (to find primaries that failed over).
+    Cluster(
+        Vec<redis::ConnectionInfo>,
+        Transport,
+        Duration,
+        Arc<Switches>,
+    ),
     /// The primary of a master name, as the sentinels name it
     /// (`transport/sentinel`): each link a connection of its own to it.
     Sentinel(Arc<Sentinels>),
@@ -70,14 +77,27 @@ impl Target {
             Target::Node(redis, transport) => {
                 Link::Node(NodeLink::new((**redis).clone(), transport.clone()))
             }
-            Target::Cluster(seeds, transport, deadline) => Link::Cluster(Arc::new(Router::new(
-                seeds.clone(),
-                transport.clone(),
-                *deadline,
-            ))),
+            Target::Cluster(seeds, transport, deadline, switches) => {
+                Link::Cluster(Arc::new(Router::new(
+                    seeds.clone(),
+                    transport.clone(),
+                    *deadline,
+                    Some(Arc::clone(switches)),
+                )))
+            }
             Target::Sentinel(sentinels) => {
                 Link::Sentinel(Arc::new(SentinelLink::new(Arc::clone(sentinels))))
             }
+        }
+    }
+
+    /// The switches of primary its connections learn of (`None` on one
+    /// server: there is no other primary).
+    pub(crate) fn switches(&self) -> Option<Arc<Switches>> {
+        match self {
+            Target::Node(..) => None,
+            Target::Cluster(.., switches) => Some(Arc::clone(switches)),
+            Target::Sentinel(sentinels) => Some(sentinels.switches()),
         }
     }
 

@@ -18,6 +18,7 @@ mod script_errors;
 mod scripts;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -28,6 +29,7 @@ use crate::keys::LockKeys;
 
 pub(crate) use crate::error::{is_refusal, retryable};
 pub(crate) use crate::transport::sentinel::Sentinels;
+pub(crate) use crate::transport::switches::{Switch, Switches};
 pub(crate) use connection::{Ack, Target};
 pub(crate) use notify::{wait_for, Listen, Notifier, Subscription};
 pub(crate) use quorum::QuorumBackend;
@@ -511,6 +513,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// holder's by a majority).
     fn passes_in_process(&self) -> bool {
         true
+    }
+
+    /// The switches of primary this backend's connections learn of (a
+    /// Sentinel failover, a Redis Cluster primary failed over), after
+    /// which releases and renewals sent to the old primary are made good on
+    /// the new one (`lease/replay.rs`). `None` where no other primary can
+    /// take over (one server, a quorum of independent masters).
+    fn switches(&self) -> Option<Arc<Switches>> {
+        None
     }
 
     /// This backend as a [`RedisBackend`], if it is one: the hot path

@@ -8,6 +8,7 @@ mod peek;
 mod quorum_node;
 mod record;
 mod renewal;
+mod replicas;
 mod shared;
 
 pub(crate) use quorum_node::{Ballot, Vote, VoteKind};
@@ -27,7 +28,7 @@ use super::scripts::{
 };
 use super::{
     Acquire, AcquireAll, AcquireAllRequest, AcquireRequest, Backend, Found, Kind, Pass, Peeked,
-    RecordWrite, Release, RenewItem, Snapshot,
+    RecordWrite, Release, RenewItem, Snapshot, Switches,
 };
 use crate::error::LockError;
 use crate::keys::LockKeys;
@@ -46,12 +47,18 @@ pub(crate) struct RedisBackend {
     publish_refused: AtomicBool,
     /// Where the calls go, its password masked: named by its errors.
     server: Box<str>,
+    /// The switches of primary its connections learn of (Sentinel, a
+    /// cluster; see [`Backend::switches`]).
+    switches: Option<Arc<Switches>>,
+    /// Acknowledged mode: the primary's replicas as last seen (`replicas.rs`).
+    replicas: replicas::ReplicaWatch,
 }
 
 impl RedisBackend {
     pub(crate) fn new(target: Target, deadline: Duration, ack: Option<Ack>) -> RedisBackend {
         let cluster = matches!(target, Target::Cluster(..));
         let server = target.describe().into_boxed_str();
+        let switches = target.switches();
         let target_for_pool = target.clone();
         RedisBackend {
             server,
@@ -60,6 +67,8 @@ impl RedisBackend {
             ack,
             cluster,
             publish_refused: AtomicBool::new(false),
+            switches,
+            replicas: replicas::ReplicaWatch::new(),
         }
     }
 
@@ -112,16 +121,25 @@ impl RedisBackend {
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
             .call(|link, number| {
+                // An acquisition's retry, just after this client learned of
+                // a switch of primary (often from this call: a `MOVED`, a
+                // `READONLY`, or sent again at half its deadline), is held
+                // back as a first attempt is (`acquire`).
+                let held = match number {
+                    0 => None,
+                    _ if operation != "acquire" => None,
+                    _ => self.held_back(|| None),
+                };
                 // Without acknowledged mode (the common case) the attempt's
                 // own future, unwrapped: every async layer around it would
                 // hold it twice (as its argument and as what it awaits),
                 // and the box `Backend::acquire` puts it in would outgrow
                 // the allocator's cache of small blocks (see `acquire_once`).
-                let Some(ack) = ack else {
+                if ack.is_none() && held.is_none() {
                     return Either::Left(attempt(link, number));
-                };
+                }
                 let main = link.clone();
-                let (link, borrowed) = self.for_call(link, Some(ack));
+                let (link, borrowed) = self.for_call(link, ack);
                 // Nudged past its `WAIT`'s timeout: on one server, on an
                 // open connection of the pool (`ack_pool.rs`).
                 let nudge = !self.cluster
@@ -130,15 +148,26 @@ impl RedisBackend {
                         .is_some_and(|borrowed| !borrowed.is_fresh());
                 let call = on_borrowed(borrowed, attempt(link, number));
                 Either::Right(Box::pin(async move {
-                    if nudge {
-                        nudged(ack, main, call).await
-                    } else {
-                        call.await
+                    if let Some(until) = held {
+                        tokio::time::sleep_until(until).await;
+                    }
+                    match ack {
+                        Some(ack) if nudge => nudged(ack, main, call).await,
+                        _ => call.await,
                     }
                 }))
             })
             .await
             .map_err(|source| LockError::redis_at(name, operation, &self.server, source))
+    }
+
+    /// Until when an acquisition of a key of `slot` (on a cluster; `None`:
+    /// any) is held back after a switch of primary that concerns it
+    /// (`transport/switches.rs`, `GRACE`): the holders of locks the new
+    /// primary lacks are told first. `None` in the common case (one atomic
+    /// load), and always on one server.
+    fn held_back(&self, slot: impl FnOnce() -> Option<u16>) -> Option<Instant> {
+        self.switches.as_ref()?.held_back(slot)
     }
 
     /// The connection for one call: `link`, or in acknowledged mode
@@ -365,6 +394,12 @@ impl RedisBackend {
     /// server, a cluster or Sentinel go here without the trait's box (see
     /// [`Backend::as_redis`]).
     pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        // Just after a switch of primary (boxed: a rare wait that must not
+        // size the common path's future).
+        let slot = || self.cluster.then(|| slots::slot(&request.keys.lock));
+        if let Some(until) = self.held_back(slot) {
+            Box::pin(tokio::time::sleep_until(until)).await;
+        }
         let Some(ack) = self.ack else {
             return self.acquire_once(&request).await;
         };
@@ -381,6 +416,10 @@ impl RedisBackend {
             // answer: the `WAIT` of this call may have run on another
             // connection than the write, and then confirms nothing.
             Ok(Acquire::Acquired { found: Some(_), .. }) => None,
+            Ok(Acquire::Acquired { .. }) => {
+                self.replicas.confirmed();
+                return outcome;
+            }
             _ => return outcome,
         };
         // Given back, if it was taken at all: `WAIT` follows the
@@ -397,11 +436,24 @@ impl RedisBackend {
         {
             return Ok(Acquire::Busy { expires_in: None });
         }
+        // A failed release leaves the lock to its ttl. Why it was refused:
+        // the replicas the primary has (`replicas.rs`), if it says within
+        // the call's deadline.
+        let slot = self.cluster.then(|| slots::slot(&request.keys.lock));
+        // Boxed: a rare path that must not size the common one's future.
+        let connected = match confirmed {
+            Some(_) => tokio::time::timeout_at(until, Box::pin(self.replicas_after_refusal(slot)))
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
         Err(LockError::NotReplicated {
             name: request.keys.name().to_owned(),
             confirmed,
             wanted: ack.replicas,
             timeout: Duration::from_millis(ack.timeout_ms),
+            connected,
         })
     }
 
@@ -485,6 +537,10 @@ impl Backend for RedisBackend {
         Some(self)
     }
 
+    fn switches(&self) -> Option<Arc<Switches>> {
+        self.switches.clone()
+    }
+
     fn passes_in_process(&self) -> bool {
         self.ack.is_none()
     }
@@ -504,6 +560,14 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<AcquireAll, LockError>> {
         Box::pin(async move {
             let name = request.keys.first().map_or("", LockKeys::name);
+            // Just after a switch of primary (see `acquire`).
+            let slot = || {
+                let first = request.keys.first()?;
+                self.cluster.then(|| slots::slot(&first.lock))
+            };
+            if let Some(until) = self.held_back(slot) {
+                tokio::time::sleep_until(until).await;
+            }
             self.call(name, "acquire", |mut connection, attempt| async move {
                 let retry = AcquireAllRequest {
                     mine: request.mine || attempt > 0,

@@ -264,15 +264,12 @@ pub enum LockError {
     },
 
     /// Acknowledged mode: the primary took the lock, but fewer replicas than
-    /// asked confirmed the write in time. The lock was given back.
-    #[error(
-        "lock `{name}` was not acquired: {} of the {wanted} replicas asked for confirmed the \
-         write within {}, so a failover could lose it; it was given back (check the \
-         replicas' health and lag, give a longer acknowledged timeout, or ask for fewer \
-         replicas)",
-        confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string()),
-        Readable(*timeout)
-    )]
+    /// asked confirmed the write in time. The lock was given back. The
+    /// message says why when the primary said (`connected`): fewer replicas
+    /// connected than asked for (no acquisition can be granted until more
+    /// connect: after a failover the promoted replica often has none), or
+    /// replicas connected but too slow.
+    #[error("{}", not_replicated(name, *confirmed, *wanted, *timeout, *connected))]
     NotReplicated {
         /// The lock's name, as the caller wrote it.
         name: String,
@@ -282,6 +279,9 @@ pub enum LockError {
         wanted: u32,
         /// How long they were given.
         timeout: Duration,
+        /// How many replicas the primary had connected when the write was
+        /// refused (its `ROLE`), if it said.
+        connected: Option<u32>,
     },
 
     /// Redis could not be reached or answered with an error.
@@ -308,6 +308,44 @@ pub enum LockError {
     /// refused before any Redis call. The [`ConfigError`] says which cause.
     #[error("lock configuration error: {0}")]
     Config(ConfigError),
+}
+
+/// The message of [`LockError::NotReplicated`]: what was refused, why, and
+/// what to do.
+fn not_replicated(
+    name: &str,
+    confirmed: Option<u32>,
+    wanted: u32,
+    timeout: Duration,
+    connected: Option<u32>,
+) -> String {
+    let confirmed =
+        confirmed.map_or_else(|| "not all".to_owned(), |confirmed| confirmed.to_string());
+    let timeout = Readable(timeout);
+    let refused = format!(
+        "lock `{name}` was not acquired: {confirmed} of the {wanted} replicas asked for \
+         confirmed the write within {timeout}, so a failover could lose it; it was given back"
+    );
+    match connected {
+        Some(connected) if connected < wanted => format!(
+            "{refused}. The primary has {connected} connected replica{}, fewer than the {wanted} \
+             acknowledged mode asks for: every acquisition is refused until {} more connect{} \
+             (after a failover the promoted replica has none until another replica, or the old \
+             primary restarted, follows it). Bring a replica back, or size the setup: \
+             `acknowledged(n, ..)` needs n + 1 replicas to go on through the loss of one node",
+            if connected == 1 { "" } else { "s" },
+            wanted - connected,
+            if wanted - connected == 1 { "s" } else { "" },
+        ),
+        Some(connected) => format!(
+            "{refused}. The primary has {connected} connected replicas: they are behind or slow \
+             (check their lag and health, or give a longer acknowledged timeout)"
+        ),
+        None => format!(
+            "{refused} (check the replicas' health and lag, give a longer acknowledged timeout, \
+             or ask for fewer replicas)"
+        ),
+    }
 }
 
 impl From<ConfigError> for LockError {

@@ -338,6 +338,10 @@ async fn handoff(
     fencing: bool,
 ) -> Result<(Option<u64>, bool), LockError> {
     let retention_ms = fencing.then(|| fence_retention_ms(ttl_ms));
+    // Passed on, `hold`'s token is released: made good on a new primary
+    // after a switch, as a release is (`replay.rs`).
+    let tag = hold.core.replays().map(|replays| replays.tag());
+    let sent_at = Instant::now();
     let lost = |cause| LockError::Lost {
         name: hold.name().to_owned(),
         cause,
@@ -348,7 +352,12 @@ async fn handoff(
         .pass(&hold.keys, &hold.token, next, ttl_ms, retention_ms)
         .await?
     {
-        Pass::Passed { fence, queued } => Ok((fence, queued)),
+        Pass::Passed { fence, queued } => {
+            if let (Some(replays), Some(tag)) = (hold.core.replays(), tag) {
+                replays.released(hold, tag, sent_at);
+            }
+            Ok((fence, queued))
+        }
         // Deleted or replaced while the passer's validity had time, else
         // expired or taken over (`loss.rs`).
         Pass::Refused(found) => Err(lost(crate::lease::loss::shown(hold, found, Instant::now()))),

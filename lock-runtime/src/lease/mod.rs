@@ -15,6 +15,7 @@ pub(crate) mod loss;
 pub(crate) mod multi;
 pub(crate) mod release;
 pub(crate) mod renewal;
+pub(crate) mod replay;
 pub(crate) mod set_by_key;
 pub(crate) mod watch;
 pub(crate) mod watch_set;
@@ -33,6 +34,7 @@ use crate::wall_clock::WallClock;
 use cohort::Cohorts;
 use holders::{Holders, Identity};
 use renewal::Renewer;
+use replay::Replays;
 
 /// The longest ttl, `max_hold` or `hold_at_least` accepted: a year (far
 /// inside what Redis accepts for PX, and what an `Instant` can add). The
@@ -45,6 +47,9 @@ pub(crate) const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 pub(crate) struct Core {
     backend: Arc<dyn Backend>,
     renewer: Arc<Renewer>,
+    /// Its recent releases, made good on a new primary after a switch
+    /// (Sentinel, a Redis Cluster; `None` elsewhere).
+    replays: Option<Arc<Replays>>,
     notifier: Arc<Notifier>,
     cohorts: Cohorts,
     key_prefix: String,
@@ -72,6 +77,7 @@ impl Core {
     ) -> Arc<Core> {
         Arc::new(Core {
             renewer: Renewer::new(Arc::clone(&backend)),
+            replays: Replays::new(&backend),
             holders: Holders::new(Arc::clone(&backend), identity, &key_prefix, clock),
             backend,
             notifier,
@@ -93,6 +99,10 @@ impl Core {
 
     pub(crate) fn renewer(&self) -> &Arc<Renewer> {
         &self.renewer
+    }
+
+    pub(crate) fn replays(&self) -> Option<&Arc<Replays>> {
+        self.replays.as_ref()
     }
 
     pub(crate) fn notifier(&self) -> &Arc<Notifier> {

@@ -25,6 +25,8 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     let keep_ms = hold.keep_for().as_millis() as u64;
     let backend = hold.core.backend();
     let (kind, keys, token) = (hold.kind, &hold.keys, hold.token.as_str());
+    // Where it goes: a switch of primary learned of later may concern it.
+    let tag = hold.core.replays().map(|replays| replays.tag());
     let reply = match backend.as_redis() {
         Some(redis) => redis.release(kind, keys, token, keep_ms).await,
         None => backend.release(kind, keys, token, keep_ms).await,
@@ -48,6 +50,9 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     match found {
         Found::Mine => {
             tracing::debug!(lock = %hold.name(), "released");
+            if let (Some(replays), Some(tag)) = (hold.core.replays(), tag) {
+                replays.released(hold, tag, reply.sent_at);
+            }
             if reply.woke {
                 hold.core.handed_over(&hold.keys.lock);
             }

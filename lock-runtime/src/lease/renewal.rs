@@ -22,10 +22,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Found, RenewItem};
+use crate::backend::{Backend, Found, RenewItem, Switch, Switches};
 use crate::error::LostCause;
+use crate::keys::LockKeys;
 use crate::lease::hold::{drift_margin, Hold};
 use crate::lease::loss;
+use crate::transport::cluster::slots::slot;
 
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
@@ -163,6 +165,10 @@ impl Registry {
 
 pub(crate) struct Renewer {
     backend: Arc<dyn Backend>,
+    /// The switches of primary the backend learns of (Sentinel, a Redis
+    /// Cluster): the renewals each concerns are sent again at once, to the
+    /// new primary.
+    switches: Option<Arc<Switches>>,
     registry: Mutex<Registry>,
     /// Shared with the driver task, which holds the renewer only weakly.
     wake: Arc<Notify>,
@@ -171,9 +177,15 @@ pub(crate) struct Renewer {
     counters: Counters,
 }
 
-/// The driver: renews what is due, sleeps until the next due time or a new
-/// registration, and ends once its renewer is gone.
+/// The driver: renews what is due, sleeps until the next due time, a new
+/// registration or a switch of primary (then every lock the switch
+/// concerns is renewed at once, on the new primary), and ends once its
+/// renewer is gone.
 async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
+    let (mut changes, mut seen) = match renewer.upgrade().and_then(|this| this.switches.clone()) {
+        Some(switches) => (Some(switches.subscribe()), switches.current()),
+        None => (None, 0),
+    };
     loop {
         let Some(this) = renewer.upgrade() else {
             return;
@@ -184,19 +196,54 @@ async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
             continue;
         }
         drop(this);
-        match next_due {
+        // `Some(false)`: the switches' sender is gone (never while the
+        // renewer lives; then no longer listened to).
+        let switched = async {
+            match changes.as_mut() {
+                Some(changes) => Some(changes.changed().await.is_ok()),
+                None => std::future::pending().await,
+            }
+        };
+        // Biased (deterministic under a simulation): a wake-up first,
+        // which consumes its notification.
+        let switched = match next_due {
             Some(at) => {
-                // Biased (deterministic under a simulation): a wake-up
-                // first, which consumes its notification.
                 tokio::select! {
                     biased;
-                    _ = wake.notified() => {}
-                    _ = tokio::time::sleep_until(at) => {}
+                    _ = wake.notified() => None,
+                    switched = switched => switched,
+                    _ = tokio::time::sleep_until(at) => None,
                 }
             }
-            None => wake.notified().await,
+            None => {
+                tokio::select! {
+                    biased;
+                    _ = wake.notified() => None,
+                    switched = switched => switched,
+                }
+            }
+        };
+        if switched == Some(false) {
+            changes = None;
+        }
+        if switched == Some(true) {
+            let Some(this) = renewer.upgrade() else {
+                return;
+            };
+            if let Some(switches) = &this.switches {
+                let since = switches.since(seen);
+                seen = since.last().map_or(seen, |switch| switch.number);
+                this.renew_now(&since);
+            }
         }
     }
+}
+
+/// Whether a switch of `switches` concerns the lock of `keys`.
+fn concerned(switches: &[Switch], keys: &LockKeys) -> bool {
+    switches
+        .iter()
+        .any(|switch| switch.concerns(switch.slots.is_some().then(|| slot(&keys.lock))))
 }
 
 /// A lock's place in the driver. Dropping it stops the lock's renewals; a
@@ -223,6 +270,7 @@ impl Drop for Renewer {
 impl Renewer {
     pub(crate) fn new(backend: Arc<dyn Backend>) -> Arc<Renewer> {
         Arc::new(Renewer {
+            switches: backend.switches(),
             backend,
             registry: Mutex::new(Registry::default()),
             wake: Arc::new(Notify::new()),
@@ -311,6 +359,27 @@ impl Renewer {
         counters.lost.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// After a switch of primary: every lock `switches` concern is due now
+    /// (a renewal in flight is sent again when it returns, see
+    /// [`renew_part`](Self::renew_part)). Its renewal on the new primary
+    /// makes good one the old primary alone got, or finds its key missing
+    /// there and reports the lock lost.
+    fn renew_now(&self, switches: &[Switch]) {
+        let now = Instant::now();
+        let mut registry = self.registry();
+        let due: Vec<u64> = registry
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.due.is_some() && concerned(switches, &entry.hold.keys))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            registry.schedule(id, now);
+        }
+        drop(registry);
+        self.wake.notify_one();
+    }
+
     /// Takes every lock due by now or within its coalescing window; returns
     /// them and the next due time after them.
     fn take_due(&self, now: Instant) -> (Vec<(u64, Arc<Hold>)>, Option<Instant>) {
@@ -381,8 +450,15 @@ impl Renewer {
 
     async fn renew_part(self: Arc<Self>, batch: Vec<(u64, Arc<Hold>)>) {
         let sent_at = Instant::now();
+        // A switch learned of while it is on its way may have sent it to
+        // the old primary: the locks it concerns are renewed again at once.
+        let tag = self.switches.as_ref().map(|switches| switches.current());
         let outcome = self.send(&batch).await;
         let now = Instant::now();
+        let switched_since = match (&self.switches, tag) {
+            (Some(switches), Some(tag)) if switches.current() != tag => switches.since(tag),
+            _ => Vec::new(),
+        };
         let mut registry = self.registry();
         match outcome {
             Ok(codes) => {
@@ -413,7 +489,12 @@ impl Renewer {
                                 self.counters.late_renewals.fetch_add(1, Ordering::Relaxed);
                             }
                             hold.extend(sent_at);
-                            registry.schedule(*id, sent_at + renew_interval(hold.ttl));
+                            let next = if concerned(&switched_since, &hold.keys) {
+                                now
+                            } else {
+                                sent_at + renew_interval(hold.ttl)
+                            };
+                            registry.schedule(*id, next);
                         }
                         found => {
                             // Gone or another's: deleted or replaced while

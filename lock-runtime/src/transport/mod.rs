@@ -16,6 +16,7 @@ pub(crate) mod node;
 pub(crate) mod sentinel;
 #[cfg(feature = "simulation")]
 pub(crate) mod simulated;
+pub(crate) mod switches;
 mod wire;
 
 use std::future::Future;

@@ -62,6 +62,7 @@ pub(super) async fn run(notifier: Weak<Notifier>) {
         seeds,
         this.transport.with_pushes(sender),
         this.deadline,
+        None,
     ));
     let kick = Arc::clone(&this.kick);
     drop(this);

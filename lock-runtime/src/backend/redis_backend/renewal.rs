@@ -22,7 +22,7 @@ use redis::{Cmd, FromRedisValue};
 
 use super::RedisBackend;
 use crate::backend::ack_pool::on_borrowed;
-use crate::backend::connection::Link;
+use crate::backend::connection::{replicas_confirmed, Link};
 use crate::backend::scripts::{
     as_eval, is_noscript, run, LuaScript, RENEW, RENEW_ANY_SLOT, RENEW_SHARES,
     RENEW_SHARES_ANY_SLOT,
@@ -154,7 +154,8 @@ impl RedisBackend {
                 .map(|((script, _, chunk), codes)| (*script, chunk.clone(), codes))
                 .collect::<Vec<_>>()
         };
-        self.connection
+        let renewed = self
+            .connection
             .call(|connection, attempt| {
                 let (pipeline, query, calls, with_items) = (&pipeline, &query, &calls, &with_items);
                 let (connection, borrowed) = self.for_call(connection, self.ack);
@@ -195,7 +196,17 @@ impl RedisBackend {
                 };
                 on_borrowed(borrowed, call)
             })
-            .await
+            .await;
+        // Acknowledged mode: too few replicas confirmed. Why: the replicas
+        // the primary has (warned of when too few, `replicas.rs`).
+        match &renewed {
+            Err(error) if replicas_confirmed(error).is_some() => {
+                Box::pin(self.replicas_after_refusal(group.route)).await;
+            }
+            Ok(_) if self.ack.is_some() => self.replicas.confirmed(),
+            _ => {}
+        }
+        renewed
     }
 
     /// The renewal `calls` (one slot each), each sent by itself (routed by

@@ -30,6 +30,7 @@ pub(crate) mod slots;
 use self::slot_map::{parse_cluster_slots, Ranges};
 use self::slots::slot;
 use crate::transport::node::NodeLink;
+use crate::transport::switches::Switches;
 use crate::transport::within;
 use crate::transport::Transport;
 
@@ -63,6 +64,9 @@ pub(crate) struct Router {
     /// routed by, read with one atomic load on its way (see
     /// [`map_changed`](Router::map_changed)).
     map_digest: AtomicU64,
+    /// Where the maps it fetches are told, to find the primaries that
+    /// failed over (the lock calls' routers; not the notifier's).
+    switches: Option<Arc<Switches>>,
 }
 
 impl Router {
@@ -70,6 +74,7 @@ impl Router {
         seeds: Vec<ConnectionInfo>,
         transport: Transport,
         deadline: Duration,
+        switches: Option<Arc<Switches>>,
     ) -> Router {
         Router {
             seeds,
@@ -79,6 +84,7 @@ impl Router {
             nodes: Mutex::new(BTreeMap::new()),
             fetching: tokio::sync::Mutex::new(()),
             map_digest: AtomicU64::new(0),
+            switches,
         }
     }
 
@@ -161,6 +167,9 @@ impl Router {
         self.map_digest.store(digest(&ranges), Ordering::Release);
         let table = Arc::new(self.build(ranges)?);
         self.table.store(Some(Arc::clone(&table)));
+        if let Some(switches) = &self.switches {
+            switches.map_seen(&table.ranges);
+        }
         Ok(table)
     }
 

@@ -44,6 +44,7 @@ use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResu
 use tokio::sync::watch;
 
 use crate::error::NoPrimary;
+use crate::transport::switches::Switches;
 use crate::transport::{within, Transport, Wire};
 
 /// How long the answers of the sentinels beyond a majority are waited for:
@@ -78,6 +79,9 @@ pub(crate) struct Sentinels {
     resolving: tokio::sync::Mutex<()>,
     /// The task subscribed to every sentinel's `+switch-master`.
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Each switch from a primary to another (not the first one found),
+    /// for the writes sent to the old one to be made good on the new one.
+    switches: Arc<Switches>,
 }
 
 /// One sentinel.
@@ -140,6 +144,7 @@ impl Sentinels {
             changed: watch::Sender::new(0),
             resolving: tokio::sync::Mutex::new(()),
             watcher: Mutex::new(None),
+            switches: Switches::new(deadline),
         })
     }
 
@@ -157,6 +162,12 @@ impl Sentinels {
     /// Each change of the primary, as its new epoch.
     pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+
+    /// The switches of primary learned of (`+switch-master`, or a new
+    /// primary found after a doubt).
+    pub(crate) fn switches(&self) -> Arc<Switches> {
+        Arc::clone(&self.switches)
     }
 
     /// The database of the data nodes.
@@ -205,8 +216,12 @@ impl Sentinels {
             primary = %format!("{host}:{port}"),
             "Redis Sentinel switched the primary; moving the lock connections there"
         );
-        state.primary = Some((host, port));
+        let had = state.primary.replace((host, port)).is_some();
         self.raise(&mut state);
+        drop(state);
+        if had {
+            self.switches.switched(None);
+        }
     }
 
     /// A new epoch: unverified, every connection opened again.
@@ -234,8 +249,11 @@ impl Sentinels {
                     "Redis Sentinel names a new primary; moving the lock connections there"
                 );
             }
-            state.primary = Some((host.to_owned(), port));
+            let had = state.primary.replace((host.to_owned(), port)).is_some();
             self.raise(&mut state);
+            if had {
+                self.switches.switched(None);
+            }
         }
         state.verified = true;
         Some(state.epoch)
