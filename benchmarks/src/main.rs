@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p lock-bench -- renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]
-//! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]
+//! cargo run --release -p lock-bench -- compare [--scale 1.0] [--no-write] [--server valkey] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]
 //! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
 //! cargo run --release -p lock-bench -- multi [--seconds 3]
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
-                 lock-bench compare [--scale 1.0] [--no-write] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
+                 lock-bench compare [--scale 1.0] [--no-write] [--server valkey] [--only w1,w2,w3,w4,w5,w6,w7] [--kinds manual,handwritten]\n       \
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
                  lock-bench multi [--seconds 3]\n       \

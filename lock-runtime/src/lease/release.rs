@@ -26,7 +26,11 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     let backend = hold.core.backend();
     let (kind, keys, token) = (hold.kind, &hold.keys, hold.token.as_str());
     let reply = match backend.as_redis() {
-        Some(redis) => redis.release(kind, keys, token, keep_ms).await,
+        Some(redis) => {
+            redis
+                .release_hinted(kind, keys, token, keep_ms, hold.plain)
+                .await
+        }
         None => backend.release(kind, keys, token, keep_ms).await,
     }?;
     let answered = Instant::now();
