@@ -11,10 +11,11 @@
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
 //! cargo run --release -p lock-bench -- sentinel [--pairs 20000] [--rounds 20]
 //! cargo run --release -p lock-bench -- redlock-shared [--pairs 2000]
+//! cargo run --release -p lock-bench -- scale [--processes 64] [--tasks 4] [--seconds 3]
 //! ```
 //!
 //! `redlock-degraded` runs copies of this binary as its contenders, in the
-//! hidden mode `redlock-contender`.
+//! hidden mode `redlock-contender`; `scale` as its workers, in `scale-worker`.
 
 mod acknowledged;
 mod cluster;
@@ -26,6 +27,7 @@ mod redlock;
 mod redlock_degraded;
 mod redlock_shared;
 mod renewal;
+mod scale;
 mod sentinel;
 mod target;
 
@@ -44,6 +46,8 @@ fn main() -> ExitCode {
         Some("redlock-shared") => redlock_shared::main(&args[1..]),
         Some("redlock-contender") => redlock_degraded::contender(&args[1..]),
         Some("sentinel") => sentinel::main(&args[1..]),
+        Some("scale") => scale::main(&args[1..]),
+        Some("scale-worker") => scale::worker(&args[1..]),
         _ => {
             eprintln!(
                 "usage: lock-bench renewal [--locks 1000,10000] [--seconds 60] [--ttl-ms 1000]\n       \
@@ -54,7 +58,8 @@ fn main() -> ExitCode {
                  lock-bench redlock [--pairs 2000] [--sections 500] [--only w1,w3] [--kinds ours,rslock]\n       \
                  lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
                  lock-bench redlock-shared [--pairs 2000]\n       \
-                 lock-bench sentinel [--pairs 20000] [--rounds 20]"
+                 lock-bench sentinel [--pairs 20000] [--rounds 20]\n       \
+                 lock-bench scale [--processes 64] [--tasks 4] [--seconds 3]"
             );
             ExitCode::FAILURE
         }
