@@ -82,7 +82,7 @@ impl RedisBackend {
     /// `not_after_us`: the node refuses to take part past this time on its
     /// clock (0: no limit).
     ///
-    /// `plain`: the node answered its last call (or no limit applies yet):
+    /// `plain`: the node answered its last call:
     /// a try in the common case may then be plain commands (see
     /// [`plain_try`](Self::plain_try)).
     pub(crate) async fn vote(
