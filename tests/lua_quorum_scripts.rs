@@ -17,7 +17,12 @@ macro_rules! script {
 }
 
 const ACQUIRE: &str = script!("publish.lua", "tickets.lua", "quorum_acquire.lua");
-const RELEASE: &str = script!("publish.lua", "tickets.lua", "quorum_release.lua");
+const RELEASE: &str = script!(
+    "quorum_release.lua",
+    "publish.lua",
+    "tickets.lua",
+    "quorum_release_wake.lua"
+);
 const LEAVE: &str = script!("publish.lua", "tickets.lua", "quorum_leave.lua");
 
 /// The lock `q`: lock, fence, tickets, waiters.

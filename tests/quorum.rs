@@ -1404,3 +1404,58 @@ async fn a_failing_waiter_keeps_trying_until_its_wait_ends() {
         );
     }
 }
+
+/// A try over a quorum is plain commands on each node (`SET NX PX`, the
+/// line's `EXISTS`, `PTTL`: no script) and still lets the first waiter in
+/// line have a free lock: a node where the try took it with waiters in line
+/// gets it back, and the script decides there (design §13, "What a try
+/// costs").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_is_plain_commands_and_still_defers_to_the_line() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = quorum_client(&nodes);
+    let lock = Lock::new("plain")
+        .ttl(Duration::from_secs(10))
+        .client(client.clone());
+    let try_lock = || lock.try_acquire();
+    // Warm: connections and scripts.
+    try_lock().await.unwrap().release().await.unwrap();
+    let evalsha: Vec<u64> = nodes
+        .iter()
+        .map(|node| command_calls(node, "evalsha"))
+        .collect();
+    let guard = try_lock().await.expect("a free lock");
+    for (node, before) in nodes.iter().zip(&evalsha) {
+        assert_eq!(
+            command_calls(node, "evalsha"),
+            *before,
+            "an uncontended try ran a script"
+        );
+        assert!(get(node, "lock:{plain}").is_some());
+    }
+    guard.release().await.unwrap();
+    // A waiter of another client in line on every node (its place live for
+    // a minute), the lock free: the try must leave it to that waiter.
+    let waiter = "lock-waiters:other|waiter-token";
+    for node in &nodes {
+        redis(node, &["ZADD", "lock:{plain}:tickets", "1", waiter]);
+        let deadline = {
+            let time = redis(node, &["TIME"]);
+            let seconds: u64 = time
+                .split("\r\n")
+                .nth(2)
+                .and_then(|seconds| seconds.parse().ok())
+                .expect("TIME");
+            (seconds * 1000 + 60_000).to_string()
+        };
+        redis(node, &["ZADD", "lock:{plain}:waiters", &deadline, waiter]);
+    }
+    let taken = try_lock().await;
+    assert!(
+        matches!(taken, Err(LockError::Busy { .. })),
+        "a try took a lock the first waiter in line was to have: {taken:?}"
+    );
+    for node in &nodes {
+        assert_eq!(get(node, "lock:{plain}"), None, "the try's key was left");
+    }
+}

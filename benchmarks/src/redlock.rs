@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use test_support::RedisServer;
 
-use crate::compare::w3;
+use crate::compare::{self, w3};
 use crate::implementations::{Kind, Locker};
 use crate::option;
-use crate::process_usage::cpu_time;
+use crate::process_usage::{self, cpu_time, redis_cpu};
 use crate::target::Target;
 
 /// Independent nodes (five here).
@@ -38,7 +38,15 @@ impl Target for Quorum {
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
     let pairs: usize = option(args, "--pairs").map_or(2000, |pairs| pairs.parse().unwrap());
+    let rounds: usize = option(args, "--rounds").map_or(5, |n| n.parse().unwrap());
     let sections: usize = option(args, "--sections").map_or(500, |n| n.parse().unwrap());
+    // `--only w1` or `w3`; `--kinds ours` or `rslock`: a part (for profiling).
+    let only = option(args, "--only").unwrap_or_else(|| "w1,w3".to_owned());
+    let kinds = option(args, "--kinds").unwrap_or_else(|| "ours,rslock".to_owned());
+    let wanted = |kind: Kind| match kind {
+        Kind::Rslock => kinds.contains("rslock"),
+        _ => kinds.contains("ours"),
+    };
     let quorum = Quorum((0..5).map(|_| RedisServer::start()).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,30 +74,64 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         "One PING round trip to one node: {:.0} µs.\n",
         rtt.as_secs_f64() * 1e6
     );
-    println!("| workload | implementation | pairs or sections/s | µs per pair (wall) | pair in node round trips | client CPU µs/pair | hand-off p50 / p99 | wait p50 / p99 |");
-    println!("|---|---|---:|---:|---:|---:|---|---|");
-    for (kind, name) in [
+    println!("| workload | implementation | pairs or sections/s | µs per pair (wall) | pair in node round trips | client CPU µs/pair | Redis CPU µs/pair (5 nodes) | Redis commands per pair | hand-off p50 / p99 | wait p50 / p99 |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    // W1 interleaved in rounds, so that the machine's changing load falls on
+    // both alike; the ratio is the median of the rounds'.
+    let w1 = [
         (Kind::Manual, "this project"),
         (Kind::Rslock, "rslock 0.10"),
-    ] {
-        let (wall, cpu) = runtime.block_on(sequential(&quorum, kind, pairs));
-        let per = wall / pairs as u32;
+    ];
+    let w1: Vec<_> = w1
+        .into_iter()
+        .filter(|(kind, _)| only.contains("w1") && wanted(*kind))
+        .collect();
+    let mut totals = vec![Sequential::default(); w1.len()];
+    let mut ratios = Vec::new();
+    for _ in 0..rounds {
+        let mut rates = Vec::new();
+        for (i, (kind, _)) in w1.iter().enumerate() {
+            let round = runtime.block_on(sequential(&quorum, *kind, pairs / rounds));
+            rates.push((pairs / rounds) as f64 / round.wall.as_secs_f64());
+            totals[i].add(&round);
+        }
+        if rates.len() == 2 {
+            ratios.push(rates[0] / rates[1]);
+        }
+    }
+    for ((_, name), total) in w1.iter().zip(&totals) {
+        let n = (pairs / rounds * rounds) as f64;
+        let per = total.wall.as_secs_f64() / n;
         println!(
-            "| W1: {pairs} lock + unlock pairs in sequence | {name} | {:.0} | {:.0} | {:.1} | {:.1} | | |",
-            pairs as f64 / wall.as_secs_f64(),
-            per.as_secs_f64() * 1e6,
-            per.as_secs_f64() / rtt.as_secs_f64(),
-            cpu.as_secs_f64() * 1e6 / pairs as f64,
+            "| W1: {pairs} lock + unlock pairs in sequence ({rounds} rounds) | {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | | |",
+            1.0 / per,
+            per * 1e6,
+            per / rtt.as_secs_f64(),
+            total.cpu.as_secs_f64() * 1e6 / n,
+            total.redis_cpu.as_secs_f64() * 1e6 / n,
+            total.commands as f64 / n,
+        );
+    }
+    if !ratios.is_empty() {
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "\nW1 this project × rslock, median of {rounds} rounds: {:.2} (range {:.2}-{:.2})\n",
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1]
         );
     }
     for (kind, name) in [
         (Kind::ManualWait, "this project"),
         (Kind::Rslock, "rslock 0.10"),
     ] {
+        if !only.contains("w3") || !wanted(kind) {
+            continue;
+        }
         let result = runtime.block_on(w3(&quorum, kind, sections, 8, false, true));
         let ms = |duration: Duration| format!("{:.2}", duration.as_secs_f64() * 1e3);
         println!(
-            "| W3: 8 contenders, {sections} sections of ~1 ms | {name} | {:.0} | | | {:.1} | {} / {} ms | {} / {} ms |",
+            "| W3: 8 contenders, {sections} sections of ~1 ms | {name} | {:.0} | | | {:.1} | | | {} / {} ms | {} / {} ms |",
             result.rate,
             result.client_cpu.as_secs_f64() * 1e6,
             ms(result.handoff[0]),
@@ -101,15 +143,42 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `pairs` lock + unlock pairs in sequence: wall time and client CPU.
-async fn sequential(quorum: &Quorum, kind: Kind, pairs: usize) -> (Duration, Duration) {
+/// What a run of pairs in sequence cost.
+#[derive(Clone, Default)]
+struct Sequential {
+    wall: Duration,
+    cpu: Duration,
+    redis_cpu: Duration,
+    commands: u64,
+}
+
+impl Sequential {
+    fn add(&mut self, other: &Sequential) {
+        self.wall += other.wall;
+        self.cpu += other.cpu;
+        self.redis_cpu += other.redis_cpu;
+        self.commands += other.commands;
+    }
+}
+
+/// `pairs` lock + unlock pairs in sequence: wall time, client CPU, every
+/// node's CPU and commands (less the readings' own INFO calls).
+async fn sequential(quorum: &Quorum, kind: Kind, pairs: usize) -> Sequential {
     let mut locker = Locker::new(kind, &quorum.client_url(), "redlock-w1", false).await;
     let held = locker.lock().await;
     locker.unlock(held).await; // warm: connections, scripts
+    let (redis_cpu, commands) = (redis_cpu(quorum), compare::commands(quorum));
     let (started, cpu) = (Instant::now(), cpu_time());
     for _ in 0..pairs {
         let held = locker.lock().await;
         locker.unlock(held).await;
     }
-    (started.elapsed(), cpu_time() - cpu)
+    let (wall, cpu) = (started.elapsed(), cpu_time() - cpu);
+    Sequential {
+        wall,
+        cpu,
+        redis_cpu: process_usage::redis_cpu(quorum) - redis_cpu,
+        // Each node's INFO commandstats reading counts itself once.
+        commands: compare::commands(quorum) - commands - quorum.0.len() as u64,
+    }
 }

@@ -46,7 +46,32 @@ const SCENARIOS: [(usize, Down); 5] = [
     (3, Down::Stopped(1)),
 ];
 
+/// The nodes that answer, by port.
+struct Live(Vec<u16>);
+
+impl Target for Live {
+    fn client_url(&self) -> String {
+        String::new()
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        self.0.clone()
+    }
+
+    fn port_of(&self, _key: &str) -> u16 {
+        self.0[0]
+    }
+}
+
 impl Down {
+    /// How many nodes do not answer.
+    fn count(self) -> usize {
+        match self {
+            Down::None => 0,
+            Down::Stopped(n) | Down::Killed(n) => n,
+        }
+    }
+
     fn label(self) -> String {
         match self {
             Down::None => "none".to_owned(),
@@ -65,6 +90,10 @@ struct Outcome {
     longest_gap: Duration,
     failures: u64,
     counter_exact: bool,
+    /// Redis commands (those scripts ran included) and Redis CPU (µs) per
+    /// section, every answering node's.
+    commands: f64,
+    redis_cpu: f64,
 }
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
@@ -98,7 +127,19 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
                 tasks,
                 seconds,
             };
-            outcomes.push(run.measure(nodes, down));
+            // Every answering node's commands and CPU over the run (the
+            // stopped and killed nodes, the first ones, answer no INFO).
+            let live = Live(quorum.ports()[down.count()..].to_vec());
+            let (commands, cpu) = (
+                crate::compare::commands(&live),
+                crate::process_usage::redis_cpu(&live),
+            );
+            let mut outcome = run.measure(nodes, down);
+            let sections = (outcome.rate * seconds as f64).max(1.0);
+            outcome.commands = (crate::compare::commands(&live) - commands) as f64 / sections;
+            outcome.redis_cpu =
+                (crate::process_usage::redis_cpu(&live) - cpu).as_secs_f64() * 1e6 / sections;
+            outcomes.push(outcome);
         }
         if let Down::Stopped(n) = down {
             quorum.0[..n]
@@ -194,6 +235,8 @@ impl Run<'_> {
             longest_gap,
             failures,
             counter_exact: counter.unwrap_or(0) == sections,
+            commands: 0.0,
+            redis_cpu: 0.0,
         }
     }
 }
@@ -318,8 +361,8 @@ fn print_table(outcomes: &[Outcome], processes: u64, tasks: u64, seconds: u64, r
          Sections/s: (ends − 1) over the span from the first end to the last; × all-up: over the same implementation's with the same number of nodes all up, in this run. Failed calls: lock or unlock calls that returned an error.\n",
         WAIT.as_secs()
     );
-    println!("| nodes | down | implementation | sections/s | × all-up | longest gap | failed calls | counter exact |");
-    println!("|---:|---|---|---:|---:|---:|---:|---|");
+    println!("| nodes | down | implementation | sections/s | × all-up | longest gap | failed calls | counter exact | Redis commands per section | Redis CPU per section |");
+    println!("|---:|---|---|---:|---:|---:|---:|---|---:|---:|");
     for outcome in outcomes {
         let all_up = outcomes
             .iter()
@@ -330,7 +373,7 @@ fn print_table(outcomes: &[Outcome], processes: u64, tasks: u64, seconds: u64, r
             })
             .map_or(f64::NAN, |other| other.rate);
         println!(
-            "| {} | {} | {} | {} | {} | {} ms | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} ms | {} | {} | {:.1} | {:.0} µs |",
             outcome.nodes,
             outcome.down.label(),
             outcome.kind.label(),
@@ -339,6 +382,8 @@ fn print_table(outcomes: &[Outcome], processes: u64, tasks: u64, seconds: u64, r
             ms(outcome.longest_gap),
             outcome.failures,
             if outcome.counter_exact { "yes" } else { "no" },
+            outcome.commands,
+            outcome.redis_cpu,
         );
     }
     println!(

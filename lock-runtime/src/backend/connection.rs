@@ -29,7 +29,7 @@ use super::scripts::ScriptsSent;
 use crate::error::retryable;
 use crate::transport::cluster::slot_map::Ranges;
 use crate::transport::cluster::Router;
-use crate::transport::node::NodeLink;
+use crate::transport::node::{ConditionalDelete, NodeLink};
 use crate::transport::sentinel::{SentinelLink, Sentinels};
 use crate::transport::switches::Switches;
 use crate::transport::{timed_out, Transport};
@@ -74,9 +74,10 @@ impl Target {
     /// A new connection (opened on first use).
     pub(crate) fn open(&self) -> Link {
         match self {
-            Target::Node(redis, transport) => {
-                Link::Node(NodeLink::new((**redis).clone(), transport.clone()))
-            }
+            Target::Node(redis, transport) => Link::Node(NodeLink::asking_offers(
+                (**redis).clone(),
+                transport.clone(),
+            )),
             Target::Cluster(seeds, transport, deadline, switches) => {
                 Link::Cluster(Arc::new(Router::new(
                     seeds.clone(),
@@ -175,6 +176,18 @@ fn with_wait(pipeline: &Pipeline, ack: Ack) -> Pipeline {
 }
 
 impl Link {
+    /// The plain conditional delete the server offers, on one server whose
+    /// connection is open (a cluster's nodes, Sentinel's primary and
+    /// acknowledged mode's connections are not asked: the script).
+    pub(crate) fn conditional_delete(&self) -> ConditionalDelete {
+        match self {
+            Link::Node(node) => node
+                .offers()
+                .map_or(ConditionalDelete::None, |offers| offers.conditional_delete),
+            _ => ConditionalDelete::None,
+        }
+    }
+
     /// On a cluster, the slot map (fetched if not known).
     pub(crate) async fn slot_map(&self) -> Option<Arc<Ranges>> {
         match self {

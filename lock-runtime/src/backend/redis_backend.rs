@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, Either};
+use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
@@ -33,6 +34,7 @@ use super::{
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::transport::cluster::slots;
+use crate::transport::node::ConditionalDelete;
 
 pub(crate) struct RedisBackend {
     connection: Connection,
@@ -52,6 +54,9 @@ pub(crate) struct RedisBackend {
     switches: Option<Arc<Switches>>,
     /// Acknowledged mode: the primary's replicas as last seen (`replicas.rs`).
     replicas: replicas::ReplicaWatch,
+    /// The server refused its plain conditional delete (an ACL without
+    /// it): releases run the script.
+    conditional_refused: AtomicBool,
 }
 
 impl RedisBackend {
@@ -69,6 +74,7 @@ impl RedisBackend {
             publish_refused: AtomicBool::new(false),
             switches,
             replicas: replicas::ReplicaWatch::new(),
+            conditional_refused: AtomicBool::new(false),
         }
     }
 
@@ -499,6 +505,80 @@ impl RedisBackend {
             cmd.arg(keep_ms);
         }
         self.release_call(keys.name(), script, &cmd).await
+    }
+
+    /// [`release`](Self::release) of a hold taken by a plain `SET NX PX`
+    /// (`plain`), whose key most likely holds exactly its token: by the
+    /// server's plain conditional delete (`DELIFEQ`, `DELEX ... IFEQ`) when
+    /// the connection's server has one, else (and when it answers that the
+    /// key holds something else: a wake mark, another holder's token, or
+    /// nothing) by the script, which tells which and wakes the marked
+    /// waiter. The command deletes only a key that holds exactly the token,
+    /// which no other acquisition ever uses (design §2, "A release without
+    /// Lua").
+    pub(crate) async fn release_hinted(
+        &self,
+        kind: Kind,
+        keys: &LockKeys,
+        token: &str,
+        keep_ms: u64,
+        plain: bool,
+    ) -> Result<Release, LockError> {
+        if !plain
+            || kind != Kind::Exclusive
+            || keep_ms > 0
+            || self.conditional_refused.load(Ordering::Relaxed)
+        {
+            return self.release(kind, keys, token, keep_ms).await;
+        }
+        let mut script = evalsha(&RELEASE, 1, 2, keys.lock.len() + token.len() + 20);
+        script.arg(&keys.lock).arg(token);
+        let (script, scripts) = (&script, self.connection.scripts());
+        self.call(
+            keys.name(),
+            "release",
+            |mut connection, attempt| async move {
+                // A retry (the first try's outcome unknown) is the script,
+                // which may find the key gone by the first try's doing.
+                let how = connection.conditional_delete();
+                if attempt == 0 && how != ConditionalDelete::None {
+                    let sent_at = Instant::now();
+                    let mut delete = Cmd::with_capacity(4, keys.lock.len() + token.len() + 24);
+                    match how {
+                        ConditionalDelete::DelExIfEq => {
+                            delete.arg("DELEX").arg(&keys.lock).arg("IFEQ").arg(token);
+                        }
+                        _ => {
+                            delete.arg("DELIFEQ").arg(&keys.lock).arg(token);
+                        }
+                    }
+                    match connection.req_packed_command(&delete).await? {
+                        Value::Int(1) => {
+                            return Ok(Release {
+                                found: Found::Mine,
+                                woke: false,
+                                retried: false,
+                                sent_at,
+                            })
+                        }
+                        // Not exactly the token: the script tells which.
+                        Value::Int(0) => {}
+                        // Refused (an ACL without the command), or not what
+                        // the command answers: the script from now on.
+                        _ => self.conditional_refused.store(true, Ordering::Relaxed),
+                    }
+                }
+                let sent_at = Instant::now();
+                let code = self.told(run(&RELEASE, script, &mut connection, scripts).await?);
+                Ok(Release {
+                    found: found(code),
+                    woke: code == 2,
+                    retried: attempt > 0,
+                    sent_at,
+                })
+            },
+        )
+        .await
     }
 
     /// Runs the release script `script` as `cmd` (its code: 2 released and

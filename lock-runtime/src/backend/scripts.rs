@@ -203,9 +203,19 @@ pub(crate) static QUORUM_ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_acquire.lua")]], 1 << 18));
 
 /// `lua/quorum_release.lua`: the release (or a failed attempt's give-back)
-/// on one node of a quorum, waking the first waiter in line there.
-pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(&[&QUORUM_HELPERS, &[lua!("quorum_release.lua")]], 1 << 17));
+/// on one node of a quorum, waking the first waiter in line there. The
+/// helpers come after the common case, which returns before them
+/// (`quorum_release.lua`'s header).
+pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        &[
+            &[lua!("quorum_release.lua")],
+            &QUORUM_HELPERS,
+            &[lua!("quorum_release_wake.lua")],
+        ],
+        1 << 17,
+    )
+});
 
 /// `lua/quorum_leave.lua`: a waiter over a quorum gives up its place on one
 /// node.

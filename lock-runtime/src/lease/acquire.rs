@@ -340,7 +340,19 @@ impl Acquisition<'_> {
             .attempt(&mut unknown, "", false, self.fair(), None)
             .await?
         {
-            Attempt::Acquired(fence, found, None) => Ok(Taken::Plain(unknown.settle(found, fence))),
+            Attempt::Acquired(fence, found, None) => {
+                // The plain `SET NX PX` (`RedisBackend::acquire_once`): the
+                // exclusive lock's try, unless fair or fenced.
+                let settings = &self.settings;
+                let plain = settings.kind == Kind::Exclusive
+                    && !settings.fair
+                    && !settings.fencing
+                    && found.is_none();
+                Ok(Taken::Plain(TakenAt {
+                    plain,
+                    ..unknown.settle(found, fence)
+                }))
+            }
             Attempt::Acquired(fence, found, holds) => {
                 Ok(Taken::Guard(unknown.acquired(fence, found, holds)))
             }
@@ -527,6 +539,7 @@ impl Acquisition<'_> {
         self.guard_for(Hold::new(Acquired {
             linger: taken.stalled,
             expires_by: taken.expires_by,
+            plain: taken.plain,
             keys,
             ..self.acquired(token, taken.sent_at, fencing_token)
         }))
@@ -579,6 +592,7 @@ impl Acquisition<'_> {
             linger: false,
             expires_by: None,
             settled: None,
+            plain: false,
         }
     }
 
@@ -663,6 +677,10 @@ pub(crate) struct TakenAt {
     pub(crate) expires_by: Option<Instant>,
     pub(crate) fence: Option<u64>,
     pub(crate) stalled: bool,
+    /// Taken by a plain `SET NX PX` (the key holds exactly the token until
+    /// a waiter marks it): the release may be the server's plain
+    /// conditional delete.
+    pub(crate) plain: bool,
 }
 
 /// What [`Acquisition::attempt_in_line`] found.
@@ -765,6 +783,7 @@ impl<'a> Unknown<'a> {
             expires_by,
             fence,
             stalled: self.stalled,
+            plain: false,
         }
     }
 }

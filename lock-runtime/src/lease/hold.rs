@@ -115,6 +115,8 @@ pub(crate) struct Acquired {
     /// turns `true` once the outcome is applied to the hold. Nothing is sent
     /// to Redis with the token before that.
     pub(crate) settled: Option<watch::Receiver<bool>>,
+    /// Taken by a plain `SET NX PX`: see [`Hold::plain`].
+    pub(crate) plain: bool,
 }
 
 pub(crate) struct Hold {
@@ -153,6 +155,11 @@ pub(crate) struct Hold {
     settled: Option<watch::Receiver<bool>>,
     /// See [`Hold::mark_pass_refused`].
     pass_refused: AtomicBool,
+    /// Taken by a plain `SET NX PX`, so its key most likely holds exactly
+    /// its token (no waiter has marked it): its release tries the server's
+    /// plain conditional delete first, where there is one (design §2, "A
+    /// release without Lua"). A hint only: the command compares the value.
+    pub(crate) plain: bool,
     /// The fencing token of the set this hold belongs to, when it is larger
     /// than the hold's own (a set taken key by key: `lease/multi.rs`); 0
     /// otherwise.
@@ -224,6 +231,7 @@ impl Hold {
             linger,
             expires_by,
             settled,
+            plain,
         } = acquired;
         let expiry = expires_by.map_or(sent_at + ttl, |by| by.min(sent_at + ttl));
         let valid_until = to_nanos(expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at));
@@ -244,6 +252,7 @@ impl Hold {
             linger: AtomicBool::new(linger),
             settled,
             pass_refused: AtomicBool::new(false),
+            plain,
             set_fence: AtomicU64::new(0),
             valid_until: AtomicU64::new(valid_until),
             lost: AtomicU8::new(0),

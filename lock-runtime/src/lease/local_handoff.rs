@@ -188,6 +188,8 @@ fn next_hold(
             .is_some()
             .then(|| hold.valid_until() + drift_margin(wants.ttl)),
         settled: early,
+        // Passed in the process: its value is what the hand-off wrote.
+        plain: false,
     })
 }
 

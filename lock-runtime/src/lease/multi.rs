@@ -294,6 +294,7 @@ impl SetUnknown<'_, '_> {
                         expires_by,
                         fence,
                         stalled: self.stalled,
+                        plain: false,
                     },
                 )
             })

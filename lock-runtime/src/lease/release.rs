@@ -28,7 +28,11 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     // Where it goes: a switch of primary learned of later may concern it.
     let tag = hold.core.replays().map(|replays| replays.tag());
     let reply = match backend.as_redis() {
-        Some(redis) => redis.release(kind, keys, token, keep_ms).await,
+        Some(redis) => {
+            redis
+                .release_hinted(kind, keys, token, keep_ms, hold.plain)
+                .await
+        }
         None => backend.release(kind, keys, token, keep_ms).await,
     }?;
     let answered = Instant::now();

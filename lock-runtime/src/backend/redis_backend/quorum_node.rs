@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
+
 use super::RedisBackend;
 use crate::backend::scripts::{
     evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
@@ -79,7 +81,127 @@ impl RedisBackend {
     /// One node's part of an attempt over a quorum (`quorum_acquire.lua`).
     /// `not_after_us`: the node refuses to take part past this time on its
     /// clock (0: no limit).
-    pub(crate) async fn vote(&self, ballot: &Ballot, not_after_us: u64) -> Result<Vote, LockError> {
+    ///
+    /// `plain`: the node answered its last call:
+    /// a try in the common case may then be plain commands (see
+    /// [`plain_try`](Self::plain_try)).
+    pub(crate) async fn vote(
+        &self,
+        ballot: &Ballot,
+        not_after_us: u64,
+        plain: bool,
+    ) -> Result<Vote, LockError> {
+        if plain
+            && ballot.kind == Kind::Exclusive
+            && !ballot.join
+            && !ballot.mine
+            && ballot.fence_retention_ms.is_none()
+            && ballot.respect == Respect::Singles
+        {
+            if let Some(vote) = self.plain_try(ballot).await? {
+                return Ok(vote);
+            }
+            // Waiters in line, or the try got no answer: the script,
+            // recognising a lock the try may have taken (`mine`).
+            return Box::pin(self.full_vote(ballot, not_after_us, true)).await;
+        }
+        Box::pin(self.full_vote(ballot, not_after_us, false)).await
+    }
+
+    /// One node's part of a try over a quorum in the common case (an
+    /// exclusive lock, no fencing, no place in line, no attempt of unknown
+    /// outcome before): `SET NX PX` and `EXISTS` of the line, in one round
+    /// trip, without a script. A script costs Redis several times what
+    /// these plain commands do (design §13, "What a try costs"). `None`:
+    /// waiters are in line there (the key, if this `SET` took it, is given
+    /// back first: a try defers to the first waiter), or the call got no
+    /// answer (it may have landed: the caller asks again with `mine`). A
+    /// refusal carries no expiry (a try does not sleep until one).
+    ///
+    /// Unlike `quorum_acquire.lua` it cannot refuse a call that arrives too
+    /// late: the caller sends it only to a node that answered its last call.
+    async fn plain_try(&self, ballot: &Ballot) -> Result<Option<Vote>, LockError> {
+        let keys = &ballot.keys;
+        let mut pipeline = redis::pipe();
+        pipeline
+            .cmd("SET")
+            .arg(&keys.lock)
+            .arg(&ballot.value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ballot.ttl_ms);
+        pipeline.cmd("EXISTS").arg(keys.tickets());
+        let pipeline = &pipeline;
+        let reply = self
+            .call(
+                keys.name(),
+                "acquire",
+                |mut connection, number| async move {
+                    if number > 0 {
+                        return Ok(None);
+                    }
+                    connection
+                        .req_packed_commands(pipeline, 0, 2)
+                        .await
+                        .map(Some)
+                },
+            )
+            .await?;
+        let Some(mut reply) = reply else {
+            return Ok(None);
+        };
+        // An error reply (a command the ACL refuses, say) is the call's
+        // error, of its kind.
+        let line = reply.pop().unwrap_or(redis::Value::Nil);
+        let set = reply.pop().unwrap_or(redis::Value::Nil);
+        let error = |value: redis::Value| match value.extract_error() {
+            Err(error) => LockError::redis(keys.name(), "acquire", error),
+            Ok(value) => unexpected(keys, &value),
+        };
+        let taken = match set {
+            redis::Value::Okay => true,
+            redis::Value::SimpleString(ok) if ok == "OK" => true,
+            redis::Value::Nil => false,
+            other => return Err(error(other)),
+        };
+        let line = match line {
+            redis::Value::Int(count) => count > 0,
+            other => {
+                if taken {
+                    let _ = self
+                        .release_waking(Kind::Exclusive, keys, &ballot.value, "")
+                        .await;
+                }
+                return Err(error(other));
+            }
+        };
+        if line {
+            if taken {
+                self.release_waking(Kind::Exclusive, keys, &ballot.value, "")
+                    .await?;
+            }
+            return Ok(None);
+        }
+        let kind = if taken {
+            VoteKind::Granted { fence: None }
+        } else {
+            VoteKind::Refused {
+                held_for: None,
+                ticket: 0,
+                first: false,
+                taken: None,
+            }
+        };
+        Ok(Some(Vote { kind, clock_us: 0 }))
+    }
+
+    /// [`vote`](Self::vote) by the kind's full acquire script.
+    async fn full_vote(
+        &self,
+        ballot: &Ballot,
+        not_after_us: u64,
+        retried: bool,
+    ) -> Result<Vote, LockError> {
         let keys = &ballot.keys;
         let retention_ms = ballot.fence_retention_ms.unwrap_or(0);
         let bytes = 5 * keys.lock.len() + 60 + ballot.value.len() + 80 + ballot.member.len();
@@ -115,7 +237,7 @@ impl RedisBackend {
         let reply = self.call(keys.name(), "acquire", |mut connection, number| {
             // A retry of this call recognises a lock its first try took.
             let mut cmd = cmd.clone();
-            cmd.arg(u8::from(ballot.mine || number > 0))
+            cmd.arg(u8::from(ballot.mine || number > 0 || retried))
                 .arg(ballot.ticket)
                 .arg(not_after_us);
             match ballot.kind {
@@ -276,6 +398,20 @@ impl RedisBackend {
         .await
         .map(|_| ())
     }
+}
+
+/// The error of a reply a plain try's `SET NX PX` never gets (an error
+/// reply, say): an unknown outcome (the caller gives the attempt back).
+fn unexpected(keys: &LockKeys, reply: &redis::Value) -> LockError {
+    LockError::redis(
+        keys.name(),
+        "acquire",
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply to SET NX PX",
+            format!("{reply:?}"),
+        )),
+    )
 }
 
 /// A shared kind's fifth key: the readers of a read/write lock, or a

@@ -25,6 +25,11 @@
 //!   reset, a dropped proxy) closes it; the next call opens a new one. A
 //!   connection that stalls without breaking is `Connection::call`'s to
 //!   replace, after a call timed out.
+//! - What the server offers beyond Redis 7's commands ([`Offers`]: a plain
+//!   conditional delete) is asked once per connection, in the background
+//!   once it opened (`COMMAND INFO`: the calls waiting for the connection
+//!   do not wait for that answer too), and kept with it: a connection opened
+//!   again (after a restart, a failover behind the address) asks again.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -39,6 +44,47 @@ use super::{Transport, Wire};
 /// An opening connection, awaited by every call that needs it.
 type Opening = Shared<BoxFuture<'static, RedisResult<Wire>>>;
 
+/// A plain command that deletes a key only if it holds a given value, when
+/// the server has one: Valkey 9's `DELIFEQ key value`, Redis 8.4's `DELEX key
+/// IFEQ value`. A release whose value is exactly its token needs no script
+/// then (design §2, "A release without Lua").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ConditionalDelete {
+    /// Neither: the release script.
+    #[default]
+    None,
+    DelIfEq,
+    DelExIfEq,
+}
+
+/// What the server of one connection offers, asked once when it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Offers {
+    pub(crate) conditional_delete: ConditionalDelete,
+}
+
+/// Asks the server what it offers (`COMMAND INFO DELIFEQ DELEX`: an entry
+/// per command, nil for one it does not know). Any failure (an older
+/// server without `COMMAND`, an ACL that refuses it, no answer within
+/// `timeout`) means nothing more than Redis 7's commands.
+async fn ask_offers(wire: &mut Wire, timeout: Option<std::time::Duration>) -> Offers {
+    let mut ask = redis::cmd("COMMAND");
+    ask.arg("INFO").arg("DELIFEQ").arg("DELEX");
+    let reply = tokio::time::timeout(
+        timeout.unwrap_or(std::time::Duration::from_secs(1)),
+        wire.send(&ask),
+    )
+    .await;
+    let known =
+        |value: Option<&Value>| matches!(value, Some(Value::Array(entry)) if !entry.is_empty());
+    let conditional_delete = match reply {
+        Ok(Ok(Value::Array(entries))) if known(entries.first()) => ConditionalDelete::DelIfEq,
+        Ok(Ok(Value::Array(entries))) if known(entries.get(1)) => ConditionalDelete::DelExIfEq,
+        _ => ConditionalDelete::None,
+    };
+    Offers { conditional_delete }
+}
+
 /// A handle to one server's connection; cheap to clone (every clone uses
 /// the same connection).
 #[derive(Clone)]
@@ -47,6 +93,8 @@ pub(crate) struct NodeLink(Arc<Node>);
 struct Node {
     client: redis::Client,
     transport: Transport,
+    /// Ask each new connection what its server offers ([`Offers`]).
+    ask_offers: bool,
     /// Read by every call; changed (under `changing`) only when the
     /// connection opens or closes.
     state: ArcSwap<State>,
@@ -64,16 +112,21 @@ enum Now {
     /// Not opened yet, or closed: the next call opens it.
     Closed,
     Opening(Opening),
-    Open(Wire),
+    Open(Wire, Offers),
 }
 
 impl NodeLink {
     /// A connection to `client`'s server, opened on first use through
     /// `transport`.
     pub(crate) fn new(client: redis::Client, transport: Transport) -> NodeLink {
+        NodeLink::with(client, transport, false)
+    }
+
+    fn with(client: redis::Client, transport: Transport, ask_offers: bool) -> NodeLink {
         NodeLink(Arc::new(Node {
             client,
             transport,
+            ask_offers,
             state: ArcSwap::from_pointee(State {
                 number: 0,
                 now: Now::Closed,
@@ -82,13 +135,32 @@ impl NodeLink {
         }))
     }
 
+    /// The same, asking each connection it opens what its server offers
+    /// (see [`offers`](Self::offers)): the lock's own calls on one server
+    /// or a quorum's node.
+    pub(crate) fn asking_offers(client: redis::Client, transport: Transport) -> NodeLink {
+        // Over the simulated network a harness answers the lock's own
+        // commands only.
+        let ask = !transport.is_simulated();
+        NodeLink::with(client, transport, ask)
+    }
+
+    /// What the server of the open connection offers; `None` while no
+    /// connection is open (a call opens one).
+    pub(crate) fn offers(&self) -> Option<Offers> {
+        match &self.0.state.load().now {
+            Now::Open(_, offers) => Some(*offers),
+            _ => None,
+        }
+    }
+
     /// The open connection and its number: opened, or waited for while it
     /// opens, if need be.
     async fn connection(&self) -> RedisResult<(Wire, u64)> {
         let (opening, number) = {
             let state = self.0.state.load();
             match &state.now {
-                Now::Open(connection) => return Ok((connection.clone(), state.number)),
+                Now::Open(connection, _) => return Ok((connection.clone(), state.number)),
                 Now::Opening(opening) => (opening.clone(), state.number),
                 Now::Closed => {
                     drop(state);
@@ -98,10 +170,13 @@ impl NodeLink {
         };
         match opening.await {
             Ok(connection) => {
-                self.change(number, |now| match now {
-                    Now::Opening(_) => Some(Now::Open(connection.clone())),
+                let opened = self.change(number, |now| match now {
+                    Now::Opening(_) => Some(Now::Open(connection.clone(), Offers::default())),
                     _ => None,
                 });
+                if opened && self.0.ask_offers {
+                    self.ask_offers(connection.clone(), number);
+                }
                 Ok((connection, number))
             }
             Err(error) => {
@@ -118,7 +193,7 @@ impl NodeLink {
         let state = self.0.state.load_full();
         let opening = match &state.now {
             Now::Opening(opening) => return (opening.clone(), state.number),
-            Now::Open(connection) => {
+            Now::Open(connection, _) => {
                 let connection = connection.clone();
                 return (async move { Ok(connection) }.boxed().shared(), state.number);
             }
@@ -162,17 +237,33 @@ impl NodeLink {
     }
 
     /// Replaces the state of connection `number` by what `next` makes of
-    /// it (`None`: left as it is).
-    fn change(&self, number: u64, next: impl FnOnce(&Now) -> Option<Now>) {
+    /// it (`None`: left as it is); whether it changed.
+    fn change(&self, number: u64, next: impl FnOnce(&Now) -> Option<Now>) -> bool {
         let _changing = self.lock();
         let state = self.0.state.load();
         if state.number != number {
-            return;
+            return false;
         }
         if let Some(now) = next(&state.now) {
             drop(state);
             self.0.state.store(Arc::new(State { number, now }));
+            return true;
         }
+        false
+    }
+
+    /// Asks the server of connection `number` what it offers, in the
+    /// background, and keeps the answer with that connection.
+    fn ask_offers(&self, mut wire: Wire, number: u64) {
+        let link = self.clone();
+        let timeout = self.0.transport.connect_timeout();
+        tokio::spawn(async move {
+            let offers = ask_offers(&mut wire, timeout).await;
+            link.change(number, |now| match now {
+                Now::Open(wire, _) => Some(Now::Open(wire.clone(), offers)),
+                _ => None,
+            });
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
