@@ -343,16 +343,6 @@ pub(crate) fn renewal_round_trip() {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_prefix_must_start_a_prometheus_name() {
-        for bad in ["", "9lock_", "lock-", "lock ", "löck_"] {
-            assert!(super::set_metric_prefix(bad).is_err(), "{bad:?}");
-        }
-    }
-}
-
 /// Acknowledged mode: the primary had `connected` replicas when a write was
 /// refused for too few confirmations.
 pub(crate) fn acknowledged_replicas(connected: u32) {
@@ -363,4 +353,14 @@ pub(crate) fn acknowledged_replicas(connected: u32) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = connected;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_prefix_must_start_a_prometheus_name() {
+        for bad in ["", "9lock_", "lock-", "lock ", "löck_"] {
+            assert!(super::set_metric_prefix(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -282,10 +282,10 @@ impl LockGuard {
         let deadline = hold.core.call_deadline();
         match tokio::time::timeout(deadline, self.release_traced()).await {
             Ok(result) => result,
-            Err(_) => Err(LockError::Redis {
-                name: hold.name().to_owned(),
-                operation: "release (retried in the background until the lock's ttl passes)",
-                source: std::io::Error::new(
+            Err(_) => Err(LockError::redis(
+                hold.name(),
+                "release (retried in the background until the lock's ttl passes)",
+                std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!(
                         "no answer within {deadline:?} to the hand-off that passed this lock in \
@@ -293,7 +293,7 @@ impl LockGuard {
                     ),
                 )
                 .into(),
-            }),
+            )),
         }
     }
 
