@@ -4,7 +4,7 @@
 //! the primary killed and the replica promoted, which has none), every
 //! acquisition is refused with an error that names the cause and the fix,
 //! a warning says so once (not once per refusal), and the gauge
-//! `lock_acknowledged_replicas` shows the number. Its own test binary: the
+//! `distributed_lock_acknowledged_replicas` shows the number. Its own test binary: the
 //! capturing subscriber is the thread's default (each test runs on a
 //! current-thread runtime, so every task of the client runs under it), and
 //! the metrics recorder is the process's.
@@ -55,14 +55,16 @@ fn snapshotter() -> &'static Snapshotter {
     })
 }
 
-/// The value of the gauge `lock_acknowledged_replicas`, if set.
+/// The value of the gauge `distributed_lock_acknowledged_replicas`, if set.
 fn replicas_gauge() -> Option<f64> {
     snapshotter()
         .snapshot()
         .into_vec()
         .into_iter()
         .find_map(|(key, _, _, value)| match value {
-            DebugValue::Gauge(gauge) if key.key().name() == "lock_acknowledged_replicas" => {
+            DebugValue::Gauge(gauge)
+                if key.key().name() == "distributed_lock_acknowledged_replicas" =>
+            {
                 Some(gauge.into_inner())
             }
             _ => None,

@@ -512,7 +512,8 @@ async fn a_refused_pass_stops_a_chain_of_early_passes() {
 /// the call deadline, then breaks: it never reaches Redis). The key keeps
 /// the passer's token. Fixed: the passer sends the `HANDOFF` again until
 /// Redis answers or the passer's validity (the next holder's, until then)
-/// is over; with Redis unreachable all that time, the next holder is told
+/// is over, in the background once the passer's release returned its error
+/// (within one call deadline); with Redis unreachable all that time, the next holder is told
 /// its lock expired (not that another client took it), and the key, which
 /// held the passer's token, is free once that validity is over. (The lock
 /// here lives 2 s.)
@@ -551,6 +552,15 @@ async fn an_unconfirmed_early_pass_leaves_no_lock_behind() {
         .unwrap()
         .unwrap();
     eprintln!("passer's release: {passed:?}");
+    // The passer is told within its call deadline; its release goes on in
+    // the background, against a Redis still unreachable until the key (the
+    // passer's token) has expired there.
+    wait_until_async(
+        "the passer's key expired on the server",
+        LINE_TIMEOUT,
+        || redis(&server, &["EXISTS", "lock:{unconfirmed}"]) == ":0\r\n",
+    )
+    .await;
     // What the stalled connection carried never reaches Redis.
     proxy.drop_all();
     proxy.resume();

@@ -49,7 +49,8 @@ impl Outcome {
     pub fn from_error(error: &lock_runtime::LockError) -> Outcome {
         use lock_runtime::LockError;
         match error {
-            LockError::Busy { .. } => Outcome::Busy,
+            // Kept by `hold_at_least`: busy for the caller (the job ran).
+            LockError::Busy { .. } | LockError::Kept { .. } => Outcome::Busy,
             LockError::WaitTimeout { .. } => Outcome::WaitTimeout,
             LockError::Lost { cause, .. } => Outcome::Lost(format!("{cause:?}")),
             LockError::Redis { .. } => Outcome::Redis(error.to_string()),

@@ -270,30 +270,36 @@ impl LockGuard {
     /// (§9) for a holder in its client's cohort: its release may first wait
     /// for the outcome of the `HANDOFF` that passed it the lock, and may pass
     /// the lock on with a `HANDOFF` sent again until Redis answers (§4), each
-    /// up to the lock's validity. Past the deadline that goes on in the
-    /// background, as after a cancelled release (the guard's drop; nothing is
-    /// sent with the token before the pass's outcome is in), and the caller
-    /// is told so. Other releases are one backend call, under its deadline.
+    /// up to the lock's validity. Past the deadline a task finishes the
+    /// release as it would have gone on (nothing is sent with the token
+    /// before the pass's outcome is in), and the caller is told so. Other releases are one backend call, under its deadline.
     async fn release_bounded(self) -> Result<(), LockError> {
         if self.cohort.is_none() || self.reentrant.is_some() {
             return self.release_traced().await;
         }
         let hold = Arc::clone(self.hold());
         let deadline = hold.core.call_deadline();
-        match tokio::time::timeout(deadline, self.release_traced()).await {
+        // Boxed: rare to outlive the deadline, and then moved to a task
+        // that finishes it (not dropped: a pass whose outcome is open is
+        // settled as the release would have).
+        let mut release = Box::pin(self.release_traced());
+        match tokio::time::timeout(deadline, &mut release).await {
             Ok(result) => result,
-            Err(_) => Err(LockError::redis(
-                hold.name(),
-                "release (retried in the background until the lock's ttl passes)",
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
+            Err(_) => {
+                drop(tokio::spawn(release));
+                Err(LockError::redis(
+                    hold.name(),
+                    "release (retried in the background until the lock's ttl passes)",
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
                         "no answer within {deadline:?} to the hand-off that passed this lock in \
                          the process or passes it on"
                     ),
-                )
-                .into(),
-            )),
+                    )
+                    .into(),
+                ))
+            }
         }
     }
 
