@@ -13,8 +13,8 @@ impl Config {
     /// A configuration for the server `info` names: its address (TCP,
     /// TLS or a Unix socket), database, user and password, as
     /// [`Config::new`] would take them from the URL `redis://user:password@host:port/db`
-    /// (`rediss://` for [`ConnectionAddr::TcpTls`], `redis+unix://` for
-    /// [`ConnectionAddr::Unix`]). Everything else is this crate's own
+    /// (`rediss://` for [`ConnectionAddr::TcpTls`](redis::ConnectionAddr::TcpTls), `redis+unix://` for
+    /// [`ConnectionAddr::Unix`](redis::ConnectionAddr::Unix)). Everything else is this crate's own
     /// setting, as for a URL: the protocol, the client name, TCP options
     /// and the timeouts of `info` are not taken (the lock opens its own
     /// connection, with [`connect_timeout`](Config::connect_timeout) and
