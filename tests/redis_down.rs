@@ -307,3 +307,55 @@ async fn a_call_on_a_stopped_server_ends_one_call_deadline_after_its_wait() {
     signal(&server, "-CONT");
     eprintln!("{took:?}");
 }
+
+/// A reply that comes after the lock's validity ended hands out no lock:
+/// the server is stopped (SIGSTOP) while a try of a 300 ms lock is on its
+/// way, and resumed 800 ms later; it then takes the key and answers, but
+/// by then the lock the reply grants is valid no longer. The try returns
+/// the Redis-kind error that says so (not a guard whose validity is over),
+/// and the key is released in the background. Found by the simulation
+/// (lock-sim node seed 15, design §17); before, the try returned `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_comes_after_the_locks_validity_hands_out_no_lock() {
+    let server = RedisServer::start();
+    let client = Client::new(
+        Config::new(server.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    signal(&server, "-STOP");
+    let ttl = Duration::from_millis(300);
+    let trying = tokio::spawn({
+        let lock = Lock::new("late").ttl(ttl).client(client.clone());
+        async move { lock.try_acquire().await }
+    });
+    // The fault: the server stays stopped well past the lock's ttl (the
+    // request waits in its socket meanwhile).
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    signal(&server, "-CONT");
+    let result = tokio::time::timeout(LINE_TIMEOUT, trying)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = result
+        .map(drop)
+        .expect_err("a lock whose validity was over when its reply came is not handed out");
+    assert!(
+        matches!(error, LockError::Redis { .. }) && !error.is_busy(),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("validity"), "{error}");
+    wait_until_async("the late key is released or expired", LINE_TIMEOUT, || {
+        redis(&server, &["EXISTS", "lock:{late}"]) == ":0\r\n"
+    })
+    .await;
+}
