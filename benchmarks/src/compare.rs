@@ -186,6 +186,13 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             ceiling.0, ceiling.1, ceiling.2, ceiling.2 / reference
         ));
         }
+        for result in &w2 {
+            report.push_str(&format!(
+                "\n{}: Redis commands per pair (calls, command µs from INFO commandstats): {}\n",
+                result.kind.label(),
+                breakdown_text(&result.commands)
+            ));
+        }
     }
 
     let mut plot = Vec::new();
@@ -337,6 +344,68 @@ pub(crate) fn machine(server: &RedisServer) -> String {
 
 /// Total commands Redis has run (INFO commandstats); every node's, for a
 /// cluster.
+/// Per command (`set`, `evalsha`, ...), every node's calls and command time
+/// (µs, `usec` of INFO commandstats: the command's own work, not the
+/// server's reading and writing of sockets).
+pub(crate) fn command_stats(
+    target: &impl Target,
+) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut stats = std::collections::BTreeMap::new();
+    for port in target.ports() {
+        for line in info(port, "commandstats").lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|line| line.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |field: &str| {
+                rest.split(',')
+                    .find_map(|part| part.strip_prefix(field))
+                    .and_then(|value| value.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let entry: &mut (u64, u64) = stats.entry(name.to_owned()).or_default();
+            entry.0 += field("calls=");
+            entry.1 += field("usec=");
+        }
+    }
+    stats
+}
+
+/// `after` less `before`, per command, divided by `per`: (name, calls,
+/// command µs), most calls first; commands not called left out.
+pub(crate) fn command_breakdown(
+    before: &std::collections::BTreeMap<String, (u64, u64)>,
+    after: &std::collections::BTreeMap<String, (u64, u64)>,
+    per: f64,
+) -> Vec<(String, f64, f64)> {
+    let mut rows: Vec<_> = after
+        .iter()
+        .filter_map(|(name, (calls, usec))| {
+            let (calls_before, usec_before) = before.get(name).copied().unwrap_or_default();
+            let calls = calls.saturating_sub(calls_before);
+            (calls > 0 && name != "info").then(|| {
+                (
+                    name.clone(),
+                    calls as f64 / per,
+                    usec.saturating_sub(usec_before) as f64 / per,
+                )
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows
+}
+
+/// `rows` of [`command_breakdown`] as `evalsha 5.0 (12.1 µs), set 5.0 (...)`.
+pub(crate) fn breakdown_text(rows: &[(String, f64, f64)]) -> String {
+    rows.iter()
+        .map(|(name, calls, usec)| format!("{name} {calls:.1} ({usec:.1} µs)"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub(crate) fn commands(target: &impl Target) -> u64 {
     target
         .ports()
@@ -440,6 +509,8 @@ struct W2 {
     redis_cpu: Duration,
     /// Socket reads Redis made per pair (a pair is 2 commands).
     reads: f64,
+    /// Per command: calls and command µs per pair (INFO commandstats).
+    commands: Vec<(String, f64, f64)>,
 }
 
 /// W2 for every implementation, interleaved like W1: in each of 25 rounds,
@@ -458,10 +529,17 @@ async fn w2_interleaved(
         let shared = Locker::new(kind, &server.url(), "w2:warm", false).await;
         let mut warm = shared.for_key("w2:warm");
         pair(&mut warm, "w2:warm").await;
-        lockers.push((kind, shared, [Duration::ZERO; 3], 0));
+        lockers.push((
+            kind,
+            shared,
+            [Duration::ZERO; 3],
+            0,
+            std::collections::BTreeMap::<String, (u64, u64)>::new(),
+        ));
     }
     for _ in 0..ROUNDS {
-        for (kind, shared, [elapsed, client_cpu, server_cpu], reads) in &mut lockers {
+        for (kind, shared, [elapsed, client_cpu, server_cpu], reads, stats) in &mut lockers {
+            let stats_before = command_stats(server);
             let (client_before, server_before) = (cpu_time(), redis_cpu(server));
             let reads_before = redis_reads(server);
             let started = Instant::now();
@@ -471,18 +549,27 @@ async fn w2_interleaved(
             *server_cpu += redis_cpu(server) - server_before;
             // The INFO call in between counts one read.
             *reads += (redis_reads(server) - reads_before).saturating_sub(1);
+            for (name, calls, usec) in command_breakdown(&stats_before, &command_stats(server), 1.0)
+            {
+                let entry = stats.entry(name).or_default();
+                entry.0 += calls as u64;
+                entry.1 += usec as u64;
+            }
         }
     }
     let done = per_task * TASKS * ROUNDS;
     lockers
         .into_iter()
-        .map(|(kind, _, [elapsed, client_cpu, server_cpu], reads)| W2 {
-            kind,
-            rate: done as f64 / elapsed.as_secs_f64(),
-            client_cpu: client_cpu / done as u32,
-            redis_cpu: server_cpu / done as u32,
-            reads: reads as f64 / done as f64,
-        })
+        .map(
+            |(kind, _, [elapsed, client_cpu, server_cpu], reads, stats)| W2 {
+                commands: command_breakdown(&Default::default(), &stats, done as f64),
+                kind,
+                rate: done as f64 / elapsed.as_secs_f64(),
+                client_cpu: client_cpu / done as u32,
+                redis_cpu: server_cpu / done as u32,
+                reads: reads as f64 / done as f64,
+            },
+        )
         .collect()
 }
 

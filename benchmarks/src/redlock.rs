@@ -1,4 +1,4 @@
-//! `lock-bench redlock`: RedLock over 5 local redis-servers (issue 13), this
+//! `lock-bench redlock`: RedLock over 5 (`--nodes N`: N) local redis-servers (issue 13), this
 //! project (`redis-quorum://`) beside rslock (which takes the node URLs),
 //! in one run: W1 (lock + unlock pairs in sequence, one locker) and W3
 //! (8 contenders with their own clients, ~1 ms sections).
@@ -47,7 +47,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         Kind::Rslock => kinds.contains("rslock"),
         _ => kinds.contains("ours"),
     };
-    let quorum = Quorum((0..5).map(|_| RedisServer::start()).collect());
+    // `--nodes 3`: another quorum size (5 by default).
+    let nodes: usize = option(args, "--nodes").map_or(5, |n| n.parse().unwrap());
+    let quorum = Quorum((0..nodes).map(|_| RedisServer::start()).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -69,12 +71,12 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         }
         started.elapsed() / 1000
     });
-    println!("## RedLock over 5 local nodes (issue 13): this project beside rslock\n");
+    println!("## RedLock over {nodes} local nodes (issue 13): this project beside rslock\n");
     println!(
         "One PING round trip to one node: {:.0} µs.\n",
         rtt.as_secs_f64() * 1e6
     );
-    println!("| workload | implementation | pairs or sections/s | µs per pair (wall) | pair in node round trips | client CPU µs/pair | Redis CPU µs/pair (5 nodes) | Redis commands per pair | hand-off p50 / p99 | wait p50 / p99 |");
+    println!("| workload | implementation | pairs or sections/s | µs per pair (wall) | pair in node round trips | client CPU µs/pair | Redis CPU µs/pair ({nodes} nodes) | Redis commands per pair | hand-off p50 / p99 | wait p50 / p99 |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---|---|");
     // W1 interleaved in rounds, so that the machine's changing load falls on
     // both alike; the ratio is the median of the rounds'.
@@ -110,6 +112,14 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             total.cpu.as_secs_f64() * 1e6 / n,
             total.redis_cpu.as_secs_f64() * 1e6 / n,
             total.commands as f64 / n,
+        );
+    }
+    for ((_, name), total) in w1.iter().zip(&totals) {
+        let n = (pairs / rounds * rounds) as f64;
+        let rows = compare::command_breakdown(&Default::default(), &total.stats, n);
+        println!(
+            "\nW1 {name}, Redis commands per pair by command (calls, command µs from INFO commandstats): {}",
+            compare::breakdown_text(&rows)
         );
     }
     if !ratios.is_empty() {
@@ -150,6 +160,8 @@ struct Sequential {
     cpu: Duration,
     redis_cpu: Duration,
     commands: u64,
+    /// Per command: calls and command µs (INFO commandstats), every node's.
+    stats: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 impl Sequential {
@@ -158,6 +170,11 @@ impl Sequential {
         self.cpu += other.cpu;
         self.redis_cpu += other.redis_cpu;
         self.commands += other.commands;
+        for (name, (calls, usec)) in &other.stats {
+            let entry = self.stats.entry(name.clone()).or_default();
+            entry.0 += calls;
+            entry.1 += usec;
+        }
     }
 }
 
@@ -168,13 +185,19 @@ async fn sequential(quorum: &Quorum, kind: Kind, pairs: usize) -> Sequential {
     let held = locker.lock().await;
     locker.unlock(held).await; // warm: connections, scripts
     let (redis_cpu, commands) = (redis_cpu(quorum), compare::commands(quorum));
+    let stats = compare::command_stats(quorum);
     let (started, cpu) = (Instant::now(), cpu_time());
     for _ in 0..pairs {
         let held = locker.lock().await;
         locker.unlock(held).await;
     }
     let (wall, cpu) = (started.elapsed(), cpu_time() - cpu);
+    let after = compare::command_stats(quorum);
     Sequential {
+        stats: compare::command_breakdown(&stats, &after, 1.0)
+            .into_iter()
+            .map(|(name, calls, usec)| (name, (calls as u64, usec as u64)))
+            .collect(),
         wall,
         cpu,
         redis_cpu: process_usage::redis_cpu(quorum) - redis_cpu,

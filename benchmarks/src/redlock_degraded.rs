@@ -94,6 +94,8 @@ struct Outcome {
     /// section, every answering node's.
     commands: f64,
     redis_cpu: f64,
+    /// Per command: calls and command µs per section (INFO commandstats).
+    breakdown: Vec<(String, f64, f64)>,
 }
 
 pub(crate) fn main(args: &[String]) -> ExitCode {
@@ -130,15 +132,21 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             // Every answering node's commands and CPU over the run (the
             // stopped and killed nodes, the first ones, answer no INFO).
             let live = Live(quorum.ports()[down.count()..].to_vec());
-            let (commands, cpu) = (
+            let (commands, cpu, stats) = (
                 crate::compare::commands(&live),
                 crate::process_usage::redis_cpu(&live),
+                crate::compare::command_stats(&live),
             );
             let mut outcome = run.measure(nodes, down);
             let sections = (outcome.rate * seconds as f64).max(1.0);
             outcome.commands = (crate::compare::commands(&live) - commands) as f64 / sections;
             outcome.redis_cpu =
                 (crate::process_usage::redis_cpu(&live) - cpu).as_secs_f64() * 1e6 / sections;
+            outcome.breakdown = crate::compare::command_breakdown(
+                &stats,
+                &crate::compare::command_stats(&live),
+                sections,
+            );
             outcomes.push(outcome);
         }
         if let Down::Stopped(n) = down {
@@ -237,6 +245,7 @@ impl Run<'_> {
             counter_exact: counter.unwrap_or(0) == sections,
             commands: 0.0,
             redis_cpu: 0.0,
+            breakdown: Vec::new(),
         }
     }
 }
@@ -276,11 +285,15 @@ pub(crate) fn contender(args: &[String]) -> ExitCode {
                     .await
                     .expect("released");
             }
-            let bookkeeping = redis::Client::open(bookkeeping_url.as_str())
+            let mut bookkeeping = redis::Client::open(bookkeeping_url.as_str())
                 .unwrap()
                 .get_multiplexed_async_connection()
                 .await
                 .expect("bookkeeping connection");
+            // The harness's own calls wait as long as they need: the redis
+            // crate's default (500 ms) failed a run on a loaded machine
+            // ("RPUSH: timed out"), and a slow section shows as a gap anyway.
+            bookkeeping.set_response_timeout(Duration::from_secs(30));
             contenders.push((locker, bookkeeping));
         }
         contenders
@@ -384,6 +397,19 @@ fn print_table(outcomes: &[Outcome], processes: u64, tasks: u64, seconds: u64, r
             if outcome.counter_exact { "yes" } else { "no" },
             outcome.commands,
             outcome.redis_cpu,
+        );
+    }
+    println!(
+        "\nRedis commands per section, by command (calls, and in brackets their command time from \
+         INFO commandstats, µs; the server's socket work is in Redis CPU above, not here):\n"
+    );
+    for outcome in outcomes {
+        println!(
+            "- {} nodes, {}, {}: {}",
+            outcome.nodes,
+            outcome.down.label(),
+            outcome.kind.label(),
+            crate::compare::breakdown_text(&outcome.breakdown),
         );
     }
     println!(

@@ -252,21 +252,26 @@ impl FloorConnection {
                     .split(',')
                     .map(|host| format!("redis://{host}/"))
                     .collect();
-                let connection = redis::cluster::ClusterClient::new(nodes)
+                let connection = redis::cluster::ClusterClient::builder(nodes)
+                    .response_timeout(Duration::from_secs(30))
+                    .build()
                     .expect("cluster client")
                     .get_async_connection()
                     .await
                     .expect("cluster connection");
                 FloorConnection::Cluster(connection, script)
             }
-            None => FloorConnection::Node(
-                redis::Client::open(url)
+            None => {
+                let mut connection = redis::Client::open(url)
                     .unwrap()
                     .get_multiplexed_async_connection()
                     .await
-                    .expect("connection"),
-                script,
-            ),
+                    .expect("connection");
+                // 64 processes on 2 cores: a reply can take longer than the
+                // redis crate's default 500 ms; the floor waits for it.
+                connection.set_response_timeout(Duration::from_secs(30));
+                FloorConnection::Node(connection, script)
+            }
         }
     }
 

@@ -129,11 +129,14 @@ fn main() {
     let runtime = runtime.enable_all().build().unwrap();
     let per_task = pairs / rounds / TASKS;
     let (connection, script, client) = runtime.block_on(async {
-        let connection = redis::Client::open(url.as_str())
+        let mut connection = redis::Client::open(url.as_str())
             .unwrap()
             .get_multiplexed_async_connection()
             .await
             .unwrap();
+        // The redis crate's default response timeout (500 ms) failed a run
+        // on a loaded machine ("SET: timed out"); the floor waits instead.
+        connection.set_response_timeout(Duration::from_secs(30));
         let script = Arc::new(redis::Script::new(COMPARE_AND_DELETE));
         let client = Client::new(Config::new(url.as_str())).unwrap();
         // Warm: connections open, scripts loaded.
