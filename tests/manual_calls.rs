@@ -307,3 +307,21 @@ fn the_server_started_is_the_one_named() {
     let valkey = String::from_utf8_lossy(&version.stdout).starts_with("Valkey");
     assert_eq!(info.contains("valkey_version:"), valkey, "{info}");
 }
+
+/// The shortest ttl the attribute accepts (1 ms; 2 ms) gives a lock no
+/// validity past its drift margin however fast Redis answers: it is still
+/// handed out (as it always was), not refused as a reply that came after
+/// the lock's validity (`hold::late_reply`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_of_the_shortest_ttls_are_taken() {
+    let server = RedisServer::start();
+    let client = Client::new(Config::new(server.url())).unwrap();
+    for ttl in [1, 2] {
+        let guard = Lock::new(format!("shortest-{ttl}"))
+            .ttl(Duration::from_millis(ttl))
+            .client(client.clone())
+            .try_acquire()
+            .await;
+        assert!(guard.is_ok(), "ttl {ttl} ms: {:?}", guard.map(drop));
+    }
+}

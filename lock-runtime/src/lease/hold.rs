@@ -54,11 +54,18 @@ pub(crate) fn drift_margin(ttl: Duration) -> Duration {
 /// the attempt as one without an answer (a waiter tries again, and its
 /// next attempt finds the key with its token and the ttl the key really
 /// has; else the key is released in the background). The error says so.
+///
+/// A ttl no longer than its drift margin (2 ms or less) gives a fresh lock
+/// no validity however fast the reply: such a lock is handed out as before
+/// (its holder's body is all it has), or no call could ever take it.
 pub(crate) fn late_reply(
     sent_at: Instant,
     found: Option<Duration>,
     ttl: Duration,
 ) -> Option<redis::RedisError> {
+    if found.is_none() && drift_margin(ttl) >= ttl {
+        return None;
+    }
     let expiry = sent_at + found.map_or(ttl, |remaining| remaining.min(ttl));
     let valid_until = expiry.checked_sub(drift_margin(ttl)).unwrap_or(sent_at);
     let now = Instant::now();
