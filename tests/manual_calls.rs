@@ -324,4 +324,14 @@ async fn locks_of_the_shortest_ttls_are_taken() {
             .await;
         assert!(guard.is_ok(), "ttl {ttl} ms: {:?}", guard.map(drop));
     }
+    // And a set taken key by key (names in two slots of a Cluster), checked
+    // key by key for a validity over once every key is taken. (A quorum
+    // takes no ttl under 10 ms.)
+    let cluster = RedisCluster::start(3, 0);
+    let set = Lock::all(["shortest-a", "shortest-b"])
+        .ttl(Duration::from_millis(1))
+        .client(Client::new(Config::cluster(cluster.urls())).unwrap())
+        .try_acquire()
+        .await;
+    assert!(set.is_ok(), "a set of 1 ms: {:?}", set.map(drop));
 }

@@ -26,7 +26,7 @@ use crate::lease::acquire::{
     Acquisition, InLine, FALLBACK_PAUSE, FIRST_ERROR_PAUSE, QUEUE_REFRESH,
 };
 use crate::lease::guard::LockGuard;
-use crate::lease::hold::Hold;
+use crate::lease::hold::{drift_margin, Hold};
 use crate::lease::multi::{raise_fences, SetAcquisition};
 use crate::lease::release::spawn_release;
 use std::sync::Arc;
@@ -215,7 +215,9 @@ fn expired_key(
     let hold = guards
         .iter()
         .map(LockGuard::hold)
-        .find(|hold| hold.valid_until() <= now)?;
+        // A ttl within its drift margin (1-2 ms) never has validity: not
+        // refused for it (`hold::late_reply`).
+        .find(|hold| hold.valid_until() <= now && drift_margin(hold.ttl) < hold.ttl)?;
     let index = members
         .iter()
         .position(|member| member.keys.lock == hold.keys.lock)
