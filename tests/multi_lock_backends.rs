@@ -429,10 +429,19 @@ async fn a_set_reports_servers_that_do_not_answer_as_a_redis_error() {
     set.acquire().await.unwrap().release().await.unwrap();
     signal(&nodes[1], "-STOP");
     signal(&nodes[2], "-STOP");
+    let started = std::time::Instant::now();
     let set_error = outcome(set.acquire()).await;
+    let took = started.elapsed();
     signal(&nodes[1], "-CONT");
     signal(&nodes[2], "-CONT");
     assert!(is_redis_error(&set_error), "quorum: {set_error:?}");
+    // Within its wait and one call deadline (connect 1 s + response 1 s),
+    // with a second of slack for a loaded machine (design §3).
+    eprintln!("quorum set with no majority: {took:?}");
+    assert!(
+        took < wait + Duration::from_secs(2) + Duration::from_secs(1),
+        "the set returned {took:?} after it began, its wait {wait:?}"
+    );
 }
 
 /// What a set [x, y] with a 3 s wait saw over ten asks on `url` while two
