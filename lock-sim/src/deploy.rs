@@ -113,6 +113,16 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
             let mut shards = Vec::new();
             let mut ids = Vec::new();
             for shard in 0..3 {
+                // Each shard's machines on a clock of their own, up to
+                // 250 ms from the other shards' (a primary and its replica
+                // stay within the skew of a few ms that fencing across a
+                // failover needs, design §2; across shards nothing needs
+                // them close). Tokens of a set across shards then differ.
+                let offset = if skew_us == 0 {
+                    0
+                } else {
+                    rng.range(0, 500_000) as i64 - 250_000
+                };
                 let mut nodes = Vec::new();
                 for (role, name) in [
                     ("p", format!("p{}", shard + 1)),
@@ -122,7 +132,7 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
                     let config = NodeConfig::new(host(&name), PORT)
                         .with_cluster(topology.clone(), id.clone());
                     let mut node = Node::new(config);
-                    node.set_clock_skew_us(skew(rng));
+                    node.set_clock_skew_us(offset + skew(rng));
                     let at = world.add_node(node, &name);
                     topology.borrow_mut().add_node(ClusterNode {
                         id: id.clone(),
