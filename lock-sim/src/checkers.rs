@@ -295,10 +295,24 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             continue;
         }
         // Another task of the same client holding a key: known in process.
+        // A hold let go of without a release that returned Ok (cancelled,
+        // dropped) may still be passed on in its process (a hand-off whose
+        // outcome is open) until its validity: known there too.
+        let in_process_until = |hold: &Hold| {
+            let let_go = hold.let_go.max(hold.end);
+            match hold.released {
+                Some(Outcome::Ok) => let_go,
+                _ => rec
+                    .calls
+                    .get(hold.call)
+                    .and_then(|taker| taker.granted_until)
+                    .map_or(let_go, |until| until.max(let_go)),
+            }
+        };
         let local = rec.holds.iter().any(|hold| {
             hold.client == call.client
                 && hold.start < end
-                && hold.let_go.max(hold.end) > call.start - 1
+                && in_process_until(hold) > call.start - 1
                 && call.keys.iter().any(|(key, _)| *key == hold.key)
         }) || rec.calls.iter().any(|other| {
             other.client == call.client

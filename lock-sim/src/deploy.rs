@@ -269,6 +269,24 @@ pub fn act(world: &mut World, action: Action) {
             fail_over(world, primary, true, 0);
         }
         Action::Demote { node, to } => {
+            // A failover back to it since (two manual failovers in a row):
+            // it is the primary again, and stays one.
+            let primary_again = match &world.deploy {
+                DeployState::Sentinel { primary, .. } => *primary == node,
+                DeployState::Cluster { shards, .. } => shards.iter().any(|shard| shard[0] == node),
+                _ => false,
+            };
+            if primary_again {
+                let now = world.now();
+                if let Some(open) = world.lossy_open.remove(&node) {
+                    world.lossy.push((open, now));
+                }
+                world.note(format!(
+                    "deploy: {} stays the primary (failed over back to it)",
+                    world.nodes[node].name
+                ));
+                return;
+            }
             world.note(format!(
                 "deploy: {} becomes a replica of {}",
                 world.nodes[node].name, world.nodes[to].name
