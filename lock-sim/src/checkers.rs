@@ -20,7 +20,7 @@ pub type Serving = Box<dyn Fn(&str) -> (Vec<usize>, usize)>;
 pub struct Facts {
     /// Intervals in which writes may have been lost (excuse overlaps).
     pub lossy: Vec<(Micros, Micros)>,
-    /// Each node's outages.
+    /// Each node's outages: down, stalled, or a replica (not serving locks).
     pub outages: BTreeMap<usize, Vec<(Micros, Micros)>>,
     /// Each client's pauses.
     pub pauses: BTreeMap<usize, Vec<(Micros, Micros)>>,
@@ -40,7 +40,7 @@ pub struct Facts {
 pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     let mut violations = Vec::new();
     overlaps(rec, facts, &mut violations);
-    fencing(rec, &mut violations);
+    fencing(rec, facts, &mut violations);
     bounds(rec, facts, &mut violations);
     wrong_kind(rec, facts, &mut violations);
     progress(rec, facts, &mut violations);
@@ -162,7 +162,12 @@ fn overlaps(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
 }
 
 /// A fencing token not above every earlier one of its key.
-fn fencing(rec: &Recorder, violations: &mut Vec<Violation>) {
+///
+/// Excused: a set's token written onto a key's fence from another
+/// primary's clock, lost with that fence (a restart empty, a failover that
+/// lost writes) before the key's next token: the key's own clock may be
+/// behind the set's (design §16, "Fencing: one token for the set").
+fn fencing(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
     let mut by_key: BTreeMap<&str, Vec<&crate::history::FenceUse>> = BTreeMap::new();
     for fence in &rec.fences {
         by_key.entry(&fence.key).or_default().push(fence);
@@ -175,6 +180,17 @@ fn fencing(rec: &Recorder, violations: &mut Vec<Violation>) {
             if let Some(earlier) = uses
                 .iter()
                 .filter(|earlier| earlier.at < call_start && earlier.token >= used.token)
+                .filter(|earlier| {
+                    let from_set = rec
+                        .calls
+                        .get(earlier.call)
+                        .is_some_and(|call| call.keys.len() > 1);
+                    let lost = facts
+                        .lossy
+                        .iter()
+                        .any(|&(from, to)| from <= used.at && to >= earlier.at);
+                    !(from_set && lost)
+                })
                 .max_by_key(|earlier| earlier.token)
             {
                 violations.push(Violation {
@@ -279,10 +295,24 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             continue;
         }
         // Another task of the same client holding a key: known in process.
+        // A hold let go of without a release that returned Ok (cancelled,
+        // dropped) may still be passed on in its process (a hand-off whose
+        // outcome is open) until its validity: known there too.
+        let in_process_until = |hold: &Hold| {
+            let let_go = hold.let_go.max(hold.end);
+            match hold.released {
+                Some(Outcome::Ok) => let_go,
+                _ => rec
+                    .calls
+                    .get(hold.call)
+                    .and_then(|taker| taker.granted_until)
+                    .map_or(let_go, |until| until.max(let_go)),
+            }
+        };
         let local = rec.holds.iter().any(|hold| {
             hold.client == call.client
                 && hold.start < end
-                && hold.let_go.max(hold.end) > call.start - 1
+                && in_process_until(hold) > call.start - 1
                 && call.keys.iter().any(|(key, _)| *key == hold.key)
         }) || rec.calls.iter().any(|other| {
             other.client == call.client
@@ -297,7 +327,12 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
         if local {
             continue;
         }
-        let unreachable = call.keys.iter().any(|(key, _)| {
+        // A set is busy when any of its keys is, and a key whose servers
+        // answered may be held by a lock nobody holds any more (cancelled,
+        // kept): only its first key in the set's order, which every round
+        // tries first, tells (a silent one makes the call a Redis error).
+        let first = call.keys.iter().map(|(key, _)| key).min();
+        let unreachable = first.is_some_and(|key| {
             let (nodes, needed) = (facts.serving)(key);
             !reachable_at_some_point(facts, &nodes, needed, call.start, end)
         });

@@ -113,6 +113,16 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
             let mut shards = Vec::new();
             let mut ids = Vec::new();
             for shard in 0..3 {
+                // Each shard's machines on a clock of their own, up to
+                // 250 ms from the other shards' (a primary and its replica
+                // stay within the skew of a few ms that fencing across a
+                // failover needs, design §2; across shards nothing needs
+                // them close). Tokens of a set across shards then differ.
+                let offset = if skew_us == 0 {
+                    0
+                } else {
+                    rng.range(0, 500_000) as i64 - 250_000
+                };
                 let mut nodes = Vec::new();
                 for (role, name) in [
                     ("p", format!("p{}", shard + 1)),
@@ -122,7 +132,7 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
                     let config = NodeConfig::new(host(&name), PORT)
                         .with_cluster(topology.clone(), id.clone());
                     let mut node = Node::new(config);
-                    node.set_clock_skew_us(skew(rng));
+                    node.set_clock_skew_us(offset + skew(rng));
                     let at = world.add_node(node, &name);
                     topology.borrow_mut().add_node(ClusterNode {
                         id: id.clone(),
@@ -259,6 +269,24 @@ pub fn act(world: &mut World, action: Action) {
             fail_over(world, primary, true, 0);
         }
         Action::Demote { node, to } => {
+            // A failover back to it since (two manual failovers in a row):
+            // it is the primary again, and stays one.
+            let primary_again = match &world.deploy {
+                DeployState::Sentinel { primary, .. } => *primary == node,
+                DeployState::Cluster { shards, .. } => shards.iter().any(|shard| shard[0] == node),
+                _ => false,
+            };
+            if primary_again {
+                let now = world.now();
+                if let Some(open) = world.lossy_open.remove(&node) {
+                    world.lossy.push((open, now));
+                }
+                world.note(format!(
+                    "deploy: {} stays the primary (failed over back to it)",
+                    world.nodes[node].name
+                ));
+                return;
+            }
             world.note(format!(
                 "deploy: {} becomes a replica of {}",
                 world.nodes[node].name, world.nodes[to].name

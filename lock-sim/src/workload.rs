@@ -327,17 +327,13 @@ impl Ctx<'_> {
         None
     }
 
-    /// What a release may take beyond one call deadline: a lock passed in
-    /// the process waits for its pass's outcome before anything is sent
-    /// with its token, at most until its validity ends (design §4).
-    fn release_allowance(&self, held: &[HeldLock]) -> Option<Micros> {
-        let now = self.env.now();
-        let until = held
-            .iter()
-            .map(|lock| self.env.micros(lock.valid_until()))
-            .max()
-            .unwrap_or(now);
-        Some((until - now).max(0))
+    /// What a release may take beyond one call deadline: nothing. A lock
+    /// passed in the process waits for its pass's outcome before anything
+    /// is sent with its token, and a cohort holder's release returns within
+    /// one call deadline, finishing in the background past it
+    /// (`lease/guard.rs`, `release_bounded`; design §4).
+    fn release_allowance(&self, _held: &[HeldLock]) -> Option<Micros> {
+        None
     }
 
     /// The end of a hold whose holder stops using it now.

@@ -412,6 +412,7 @@ impl World {
             .node
             .attach_replica(&rhost, rport, acked);
         self.schedule_replication(replica);
+        self.outage_changed(replica);
     }
 
     /// Makes `node` a primary (`REPLICAOF NO ONE`).
@@ -424,6 +425,7 @@ impl World {
             self.nodes[old].node.detach_replica(&host, port);
         }
         self.nodes[node].node.promote();
+        self.outage_changed(node);
     }
 
     /// Whether a node answers now.
@@ -431,9 +433,12 @@ impl World {
         self.nodes[node].up && !self.nodes[node].stalled
     }
 
+    /// Opens or closes `node`'s outage: an interval in which it does not
+    /// answer lock commands (down, stalled, or a replica, which answers
+    /// `MOVED`/`READONLY`), for the wrong-error checker.
     fn outage_changed(&mut self, node: usize) {
         let now = self.now();
-        let available = self.available(node);
+        let available = self.available(node) && self.nodes[node].follows.is_none();
         match (available, self.outage_open.get(&node).copied()) {
             (false, None) => {
                 self.outage_open.insert(node, now);
