@@ -834,3 +834,56 @@ async fn the_starvation_bound_counts_passes_made_early() {
         "{before} local passes in a row while another client waited (at most 4): {order:?}"
     );
 }
+
+/// A confirmed pass (the waiter asks for a fencing token) whose `HANDOFF`
+/// is answered after the waiter's validity ended: the connection stalls
+/// 800 ms with the `HANDOFF` on it, past the waiter's 300 ms ttl. The
+/// waiter is not handed that lock (valid no longer); it goes through
+/// Redis, where the token it was to have is released, and gets the lock
+/// with its validity ahead. Before, it was handed the lock with no
+/// validity left (found by lock-sim node seed 2243).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_answered_after_the_waiters_validity_hands_it_no_lock() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let key = "late-pass";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(10)).await;
+    let ttl = Duration::from_millis(300);
+    let waiter = tokio::spawn({
+        let lock = Lock::new(key)
+            .ttl(ttl)
+            .fencing()
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move {
+            let guard = lock.acquire().await.unwrap();
+            (guard.is_held(), guard.remaining(), guard)
+        }
+    });
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 1
+    })
+    .await;
+    proxy.stall();
+    let passing = tokio::spawn(holder.release());
+    // The fault: the connection stays stalled well past the waiter's ttl,
+    // with the `HANDOFF` on it.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    proxy.resume();
+    let (held, remaining, guard) = tokio::time::timeout(LINE_TIMEOUT, waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap();
+    assert!(
+        held && remaining > Duration::ZERO,
+        "the waiter was handed a lock valid no longer (held {held}, {remaining:?} left)"
+    );
+    let _ = tokio::time::timeout(LINE_TIMEOUT, passing).await.unwrap();
+    guard.release().await.unwrap();
+}

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::backend::Pass;
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter, Wants};
-use crate::lease::hold::{drift_margin, fence_retention_ms, Acquired, Hold};
+use crate::lease::hold::{drift_margin, fence_retention_ms, late_reply, Acquired, Hold};
 use crate::lease::release::{release, spawn_release, FIRST_RELEASE_PAUSE, MAX_RELEASE_PAUSE};
 
 /// The release of a holder in its client's cohort (`cohort.rs`) of this
@@ -298,6 +298,21 @@ async fn pass_confirmed(
     let wants = waiter.wants;
     let ttl_ms = wants.ttl.as_millis() as u64;
     match handoff(&hold, &token, ttl_ms, wants.fencing).await {
+        // Valid no longer when Redis answered (a `HANDOFF` held up past the
+        // waiter's ttl): no lock for the waiter, which goes through Redis
+        // as after a failed pass; the token it was to have is released.
+        // As `hold::late_reply` for a lock taken from Redis (found by
+        // lock-sim node seed 2243).
+        Ok(_) if late_reply(sent_at, None, wants.ttl).is_some() => {
+            let _ = waiter.send(Passed::Redis);
+            cohorts.dissolve(key, generation);
+            linger_after_pass(Arc::clone(&hold));
+            spawn_release(
+                next_hold(&hold, orphaned(wants), token, sent_at, None, None),
+                false,
+            );
+            Ok(())
+        }
         Ok((fence, queued)) => {
             cohorts.passed(key, generation, queued);
             linger_after_pass(Arc::clone(&hold));
