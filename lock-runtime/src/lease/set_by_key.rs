@@ -471,10 +471,13 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
                 return Err(error);
             }
         };
-        if unanswered.is_some() {
-            // Its servers did not answer within a call deadline: what was
-            // taken is released in the background (each guard's drop), not
-            // waited for, so that the call ends within one deadline (§3).
+        if unanswered.is_some() || !waits {
+            // Its servers did not answer within a call deadline, or the
+            // call is a try that ends here: what was taken is released in
+            // the background (each guard's drop; its own tokens, which no
+            // later attempt uses), not waited for, so that the call ends
+            // within one deadline (§3): a give-back awaits every server of
+            // the key, a stalled one too (lock-sim quorum3 seed 2184).
             drop(taken);
         } else {
             give_back(taken).await;
