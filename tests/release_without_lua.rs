@@ -154,3 +154,36 @@ async fn a_marked_lock_is_released_by_the_script_and_wakes_its_waiter() {
         waiter.release().await.unwrap();
     }
 }
+
+/// Review (seam): a server that has `DELIFEQ` but whose ACL refuses it to
+/// the lock's user (`-delifeq`; `COMMAND INFO` still lists it). The release
+/// is to fall back to the script ("Refused (an ACL without the command):
+/// the script from now on", `release_hinted`): the lock is released, the
+/// key gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_delifeq_by_the_acl_falls_back_to_the_script() {
+    let Some(server) = RedisServer::start_valkey() else {
+        eprintln!("NOT RUN: no valkey-server");
+        return;
+    };
+    redis(&server, &["ACL", "SETUSER", "default", "-delifeq"]);
+    let client = client(&server);
+    let lock = Lock::new("acl")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone());
+    // Until the connection's offers are in (asked in the background).
+    for _ in 0..200 {
+        let guard = lock.try_acquire().await.unwrap();
+        let released = guard.release().await;
+        assert!(released.is_ok(), "the release failed: {released:?}");
+        assert_eq!(get(&server, "lock:{acl}"), None, "the key was left");
+        if redis(&server, &["ACL", "LOG"]).contains("delifeq") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        redis(&server, &["ACL", "LOG"]).contains("delifeq"),
+        "no release tried DELIFEQ within 10 s"
+    );
+}
