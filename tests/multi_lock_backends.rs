@@ -596,13 +596,13 @@ fn gone_everywhere(nodes: &[RedisServer], name: &str) -> bool {
         .all(|node| value(&redis(node, &["EXISTS", &key])).as_deref() == Some("0"))
 }
 
-/// Review (seam): a set taken key by key with `hold_at_least` whose try is
-/// refused on its second key gives the first one back with the release
-/// that *keeps* the key (`release_keeping`, `Hold::keep_for`): nobody held
-/// the set and its body never ran, yet the first key stays taken for
-/// `hold_at_least` and every other acquirer of it is refused meanwhile.
+/// A set taken key by key with `hold_at_least` whose try is refused on its
+/// second key gives the first one back whole: nobody held the set and its
+/// body never ran, so nothing is kept for `hold_at_least`
+/// (`Hold::never_handed_out`). Found by review: before, the give-back was
+/// the release that keeps the key, and the first key stayed taken for
+/// `hold_at_least` (30 s), every other acquirer refused meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "review (seam): fails on main 1bf3d36 - a set's give-back keeps `ka` for hold_at_least (30 s)"]
 async fn a_refused_set_try_with_hold_at_least_keeps_no_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let client = quorum_client(&nodes);
@@ -637,17 +637,16 @@ async fn a_refused_set_try_with_hold_at_least_keeps_no_key() {
     held.release().await.unwrap();
 }
 
-/// Review (seam): a set taken key by key whose first key's validity is over
-/// by the time the last key is taken (`set_by_key::expired_key`) is not
-/// handed out, and its keys are released in the background (the guards'
-/// drop). With `hold_at_least` that release keeps every key for
-/// `hold_at_least`: the caller was told the set was not acquired, yet the
-/// keys stay taken. A quorum answers each key within its per-node bound
+/// A set taken key by key whose first key's validity is over by the time
+/// the last key is taken (`set_by_key::expired_key`) is not handed out, and
+/// its keys are released in the background (the guards' drop), whole even
+/// with `hold_at_least`. Found by review: before, that release kept every
+/// key for `hold_at_least` though the caller was told the set was not
+/// acquired. A quorum answers each key within its per-node bound
 /// (ttl / 10 = 100 ms; round trips of 2 x 30 ms through the proxies), but
 /// 20 keys one after another take longer than the first key's validity
 /// (1 s less its drift margin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "review (seam): fails on main 1bf3d36 - the expired set's keys are kept for hold_at_least (30 s)"]
 async fn an_expired_set_with_hold_at_least_keeps_no_key() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let proxies: Vec<Proxy> = nodes.iter().map(|node| Proxy::start(node.port())).collect();

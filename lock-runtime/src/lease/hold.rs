@@ -162,6 +162,9 @@ pub(crate) struct Hold {
     settled: Option<watch::Receiver<bool>>,
     /// See [`Hold::mark_pass_refused`].
     pass_refused: AtomicBool,
+    /// Never handed out to its caller (see [`Hold::never_handed_out`]):
+    /// its release keeps nothing for `hold_at_least`.
+    never_handed_out: AtomicBool,
     /// Taken by a plain `SET NX PX`, so its key most likely holds exactly
     /// its token (no waiter has marked it): its release tries the server's
     /// plain conditional delete first, where there is one (design §2, "A
@@ -259,6 +262,7 @@ impl Hold {
             linger: AtomicBool::new(linger),
             settled,
             pass_refused: AtomicBool::new(false),
+            never_handed_out: AtomicBool::new(false),
             plain,
             set_fence: AtomicU64::new(0),
             valid_until: AtomicU64::new(valid_until),
@@ -394,9 +398,20 @@ impl Hold {
     /// Counted from when the acquiring reply arrived, which is after Redis
     /// set the key, so the key is never kept for less than asked.
     pub(crate) fn keep_for(&self) -> Duration {
+        if self.never_handed_out.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
         self.hold_at_least
             .map(|at_least| at_least.saturating_sub(self.confirmed_at.elapsed()))
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// This lock is given back without ever being handed out (a set's key
+    /// taken before another key was found busy, a set whose validity was
+    /// over when it was complete): no job ran under it, so its release
+    /// deletes the key rather than keep it for `hold_at_least`.
+    pub(crate) fn never_handed_out(&self) {
+        self.never_handed_out.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn valid_until(&self) -> Instant {

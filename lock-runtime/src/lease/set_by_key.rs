@@ -379,6 +379,7 @@ impl Taken {
 impl Drop for Taken {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
+            hold.never_handed_out();
             spawn_release(hold, false);
         }
     }
@@ -463,6 +464,7 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
                 Some(error)
             }
             Err(error) => {
+                not_handed_out(&taken);
                 if matches!(&error, LockError::Redis { source, .. } if retryable(source)) {
                     drop(taken); // as below: in the background
                 } else {
@@ -471,6 +473,7 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
                 return Err(error);
             }
         };
+        not_handed_out(&taken);
         if unanswered.is_some() || !waits {
             // Its servers did not answer within a call deadline, or the
             // call is a try that ends here: what was taken is released in
@@ -490,6 +493,7 @@ async fn try_each(members: &[&Acquisition<'_>], waits: bool) -> Result<Tried, Lo
 /// Releases what a round of tries took (a cancelled give-back goes on in
 /// the background: each guard's drop).
 async fn give_back(taken: Vec<LockGuard>) {
+    not_handed_out(&taken);
     join_all(taken.into_iter().map(LockGuard::release)).await;
 }
 
@@ -510,11 +514,25 @@ async fn finish(
 ) -> Result<Finished, LockError> {
     let first = members[0];
     if first.settings.fencing {
-        raise_fences(first, &guards).await?;
+        if let Err(error) = raise_fences(first, &guards).await {
+            not_handed_out(&guards);
+            return Err(error);
+        }
     }
     Ok(match expired_key(members, &guards, started) {
         None => Finished::Set(guards),
         // Each guard's drop releases its key in the background.
-        Some((index, error)) => Finished::Expired(index, error),
+        Some((index, error)) => {
+            not_handed_out(&guards);
+            Finished::Expired(index, error)
+        }
     })
+}
+
+/// Keys of the set given back or dropped before the set was handed out:
+/// released whole, not kept for `hold_at_least` (no job ran under them).
+fn not_handed_out(guards: &[LockGuard]) {
+    for guard in guards {
+        guard.hold().never_handed_out();
+    }
 }
