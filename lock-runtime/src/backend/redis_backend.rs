@@ -404,6 +404,16 @@ impl RedisBackend {
         // size the common path's future).
         let slot = || self.cluster.then(|| slots::slot(&request.keys.lock));
         if let Some(until) = self.held_back(slot) {
+            // Not past the caller's wait: a waiter whose wait ends first
+            // finds the lock busy (it is, for the holders being told),
+            // and sends nothing. A try (no wait) waits out the hold-back:
+            // at most half a call deadline (design §15).
+            if let Some(deadline) = request.deadline.filter(|&deadline| until > deadline) {
+                Box::pin(tokio::time::sleep_until(deadline)).await;
+                return Ok(Acquire::Busy {
+                    expires_in: Some(until.saturating_duration_since(Instant::now())),
+                });
+            }
             Box::pin(tokio::time::sleep_until(until)).await;
         }
         let Some(ack) = self.ack else {
