@@ -149,7 +149,12 @@ async fn a_cluster_takes_a_set_in_one_script_or_key_by_key() {
         .await
         .unwrap();
     assert!(set.try_acquire().await.unwrap_err().is_busy());
-    assert_eq!(get_on(&cluster, &format!("lock:{{{x}}}")), None);
+    // What the try took (x) is given back in the background: well before
+    // its ttl (30 s) would end it.
+    wait_until_async("the try gave x back", Duration::from_secs(10), || {
+        get_on(&cluster, &format!("lock:{{{x}}}")).is_none()
+    })
+    .await;
     let waiting = {
         let set = set.clone();
         tokio::spawn(async move { set.acquire().await })
