@@ -40,11 +40,25 @@ async fn failover_section(key: &str, redis: &mut Redis, counter: &str) -> Result
 }
 
 /// `failover-sections KEY TASKS COUNTER`: TASKS tasks run
-/// [`failover_section`] again and again until `stop` arrives on stdin; a
-/// call that fails (the primary is gone, the lock was lost) is counted and
-/// tried again 20 ms later. Prints `ready` once this process ran a
-/// section, then `done ran=N errors=E|FIRST` (FIRST: the first error).
+/// [`failover_section`] again and again until `stop` arrives on stdin (see
+/// [`sections`]).
 pub async fn failover_sections(key: &str, tasks: usize, counter: &str) {
+    sections(key, tasks, counter, Section::Failover).await
+}
+
+/// Which section [`sections`] runs.
+#[derive(Clone, Copy)]
+enum Section {
+    Failover,
+    Switch,
+}
+
+/// TASKS tasks run `section` again and again until `stop` arrives on
+/// stdin; a call that fails (the primary is gone, the lock was lost) is
+/// counted and tried again 20 ms later. Prints `ready` once this process
+/// ran a section, then `done ran=N errors=E|FIRST` (FIRST: the first
+/// error).
+async fn sections(key: &str, tasks: usize, counter: &str, section: Section) {
     let stop = Arc::new(AtomicBool::new(false));
     let (ran_tx, mut ran_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut handles = Vec::new();
@@ -55,7 +69,11 @@ pub async fn failover_sections(key: &str, tasks: usize, counter: &str) {
             let mut redis = bookkeeping().await;
             let (mut ran, mut errors) = (0usize, Vec::new());
             while !stop.load(Ordering::Relaxed) {
-                match failover_section(&key, &mut redis, &counter).await {
+                let result = match section {
+                    Section::Failover => failover_section(&key, &mut redis, &counter).await,
+                    Section::Switch => switch_section(&key, &mut redis, &counter).await,
+                };
+                match result {
                     Ok(()) => {
                         ran += 1;
                         let _ = ran_tx.send(());
@@ -216,47 +234,9 @@ async fn switch_section(key: &str, redis: &mut Redis, counter: &str) -> Result<(
 }
 
 /// `switch-sections KEY TASKS COUNTER`: TASKS tasks run [`switch_section`]
-/// again and again until `stop` arrives on stdin; a call that fails is
-/// counted and tried again 20 ms later. Prints `ready` once this process
-/// ran a section, then `done ran=N errors=E|FIRST`.
+/// again and again until `stop` arrives on stdin (see [`sections`]).
 pub async fn switch_sections(key: &str, tasks: usize, counter: &str) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ran_tx, mut ran_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (key, counter, stop) = (key.to_owned(), counter.to_owned(), Arc::clone(&stop));
-        let ran_tx = ran_tx.clone();
-        handles.push(tokio::spawn(async move {
-            let mut redis = bookkeeping().await;
-            let (mut ran, mut errors) = (0usize, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                match switch_section(&key, &mut redis, &counter).await {
-                    Ok(()) => {
-                        ran += 1;
-                        let _ = ran_tx.send(());
-                    }
-                    Err(error) => {
-                        errors.push(error.to_string());
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            }
-            (ran, errors)
-        }));
-    }
-    drop(ran_tx);
-    ran_rx.recv().await.expect("a section ran");
-    say("ready");
-    assert_eq!(next_line().await, "stop");
-    stop.store(true, Ordering::Relaxed);
-    let (mut ran, mut errors) = (0, Vec::new());
-    for handle in handles {
-        let (task_ran, task_errors) = handle.await.unwrap();
-        ran += task_ran;
-        errors.extend(task_errors);
-    }
-    let first = errors.first().cloned().unwrap_or_default();
-    say(&format!("done ran={ran} errors={}|{first}", errors.len()));
+    sections(key, tasks, counter, Section::Switch).await
 }
 
 /// `holder`: takes commands on stdin, one per line, and answers each with
