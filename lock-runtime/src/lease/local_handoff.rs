@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::Pass;
+use crate::backend::{Found, Pass};
 use crate::error::{LockError, LostCause};
 use crate::lease::cohort::{Next, Passed, Waiter, Wants};
 use crate::lease::hold::{drift_margin, fence_retention_ms, late_reply, Acquired, Hold};
@@ -355,23 +355,35 @@ async fn handoff(
     fencing: bool,
 ) -> Result<(Option<u64>, bool), LockError> {
     let retention_ms = fencing.then(|| fence_retention_ms(ttl_ms));
-    // Passed on, `hold`'s token is released: made good on a new primary
-    // after a switch, as a release is (`replay.rs`).
-    let tag = hold.core.replays().map(|replays| replays.tag());
-    let sent_at = Instant::now();
+    // Passed on, `hold`'s token is ended: the pass is made good on a new
+    // primary after a switch, as a release is (`replay.rs`).
+    let mut tag = hold.core.replays().map(|replays| replays.tag());
+    let mut sent_at = Instant::now();
     let lost = |cause| LockError::Lost {
         name: hold.name().to_owned(),
         cause,
     };
-    match hold
-        .core
-        .backend()
-        .pass(&hold.keys, &hold.token, next, ttl_ms, retention_ms)
-        .await?
-    {
+    let send = || {
+        hold.core
+            .backend()
+            .pass(&hold.keys, &hold.token, next, ttl_ms, retention_ms)
+    };
+    let mut outcome = send().await?;
+    if let Pass::Refused(Found::Other) = outcome {
+        // Itself passed the lock in the process, after a switch: the new
+        // primary may hold its passer's token (`replay.rs`).
+        if let Some(replays) = hold.core.replays() {
+            if replays.adopt(hold).await {
+                tag = Some(replays.tag());
+                sent_at = Instant::now();
+                outcome = send().await?;
+            }
+        }
+    }
+    match outcome {
         Pass::Passed { fence, queued } => {
             if let (Some(replays), Some(tag)) = (hold.core.replays(), tag) {
-                replays.released(hold, tag, sent_at);
+                replays.passed(hold, next, ttl_ms, tag, sent_at);
             }
             Ok((fence, queued))
         }

@@ -75,9 +75,10 @@ impl Core {
         random: Random,
         clock: WallClock,
     ) -> Arc<Core> {
+        let replays = Replays::new(&backend);
         Arc::new(Core {
-            renewer: Renewer::new(Arc::clone(&backend)),
-            replays: Replays::new(&backend),
+            renewer: Renewer::new(Arc::clone(&backend), replays.clone()),
+            replays,
             holders: Holders::new(Arc::clone(&backend), identity, &key_prefix, clock),
             backend,
             notifier,

@@ -26,15 +26,28 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
     let backend = hold.core.backend();
     let (kind, keys, token) = (hold.kind, &hold.keys, hold.token.as_str());
     // Where it goes: a switch of primary learned of later may concern it.
-    let tag = hold.core.replays().map(|replays| replays.tag());
-    let reply = match backend.as_redis() {
-        Some(redis) => {
-            redis
-                .release_hinted(kind, keys, token, keep_ms, hold.plain)
-                .await
+    let mut tag = hold.core.replays().map(|replays| replays.tag());
+    let send = || async {
+        match backend.as_redis() {
+            Some(redis) => {
+                redis
+                    .release_hinted(kind, keys, token, keep_ms, hold.plain)
+                    .await
+            }
+            None => backend.release(kind, keys, token, keep_ms).await,
         }
-        None => backend.release(kind, keys, token, keep_ms).await,
-    }?;
+    };
+    let mut reply = send().await?;
+    if reply.found == Found::Other {
+        // Passed the lock in the process, after a switch: the new primary
+        // may hold the passer's token (`replay.rs`).
+        if let Some(replays) = hold.core.replays() {
+            if replays.adopt(hold).await {
+                tag = Some(replays.tag());
+                reply = send().await?;
+            }
+        }
+    }
     let answered = Instant::now();
     // An earlier attempt (of this call, or an earlier release) may have
     // done the work: finding the key gone or another's while the lock was
@@ -55,7 +68,7 @@ pub(crate) async fn release(hold: &Hold, may_have_run: bool) -> Result<(), LockE
         Found::Mine => {
             tracing::debug!(lock = %hold.name(), "released");
             if let (Some(replays), Some(tag)) = (hold.core.replays(), tag) {
-                replays.released(hold, tag, reply.sent_at);
+                replays.released(hold, tag, reply.sent_at, reply.found != Found::Mine);
             }
             if reply.woke {
                 hold.core.handed_over(&hold.keys.lock);

@@ -27,7 +27,9 @@ use crate::error::LostCause;
 use crate::keys::LockKeys;
 use crate::lease::hold::{drift_margin, Hold};
 use crate::lease::loss;
+use crate::lease::replay::Replays;
 use crate::transport::cluster::slots::slot;
+use crate::transport::switches::GRACE;
 
 /// A lock is renewed with the others of a tick when it is due within a
 /// third of its renewal interval. Renewing a little early costs little, and
@@ -169,6 +171,9 @@ pub(crate) struct Renewer {
     /// Cluster): the renewals each concerns are sent again at once, to the
     /// new primary.
     switches: Option<Arc<Switches>>,
+    /// The client's log of releases made good after a switch: the renewals
+    /// on a switch wait for it (`Replays::replayed`).
+    replays: Option<Arc<Replays>>,
     registry: Mutex<Registry>,
     /// Shared with the driver task, which holds the renewer only weakly.
     wake: Arc<Notify>,
@@ -233,7 +238,21 @@ async fn drive(renewer: Weak<Renewer>, wake: Arc<Notify>) {
             if let Some(switches) = &this.switches {
                 let since = switches.since(seen);
                 seen = since.last().map_or(seen, |switch| switch.number);
-                this.renew_now(&since);
+                match this.replays.clone() {
+                    // The releases and passes the switch concerns made good
+                    // first (at most half the hold-back, which the renewal
+                    // must beat): else the holder a lock was passed to
+                    // would find its passer's token (`replay.rs`).
+                    Some(replays) => {
+                        let at_most = GRACE.min(this.backend.call_deadline() / 2) / 2;
+                        let this = Arc::clone(&this);
+                        tokio::spawn(async move {
+                            replays.replayed(seen, at_most).await;
+                            this.renew_now(&since);
+                        });
+                    }
+                    None => this.renew_now(&since),
+                }
             }
         }
     }
@@ -268,9 +287,10 @@ impl Drop for Renewer {
 }
 
 impl Renewer {
-    pub(crate) fn new(backend: Arc<dyn Backend>) -> Arc<Renewer> {
+    pub(crate) fn new(backend: Arc<dyn Backend>, replays: Option<Arc<Replays>>) -> Arc<Renewer> {
         Arc::new(Renewer {
             switches: backend.switches(),
+            replays,
             backend,
             registry: Mutex::new(Registry::default()),
             wake: Arc::new(Notify::new()),
