@@ -294,10 +294,8 @@ fn lagging_takeover(port: u16) {
 /// sent again as a release of the passer's token, which deleted the key
 /// under the holder the lock had been passed to, and a waiter of another
 /// process took it (two sections overlapped, the counter one short; the
-/// holder's release found the other's token). No overlap in 83 runs after
-/// (12 of them beside two busy loops); in 2 of the first 15 sections
-/// paused for one ttl after the switch, in none of the 68 after: design
-/// §15.
+/// holder's release found the other's token). No overlap since: design
+/// §15, "Forced Cluster failovers".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sections_resume_soon_after_a_forced_cluster_failover() {
     let longest = cluster_failover_during_work("FORCE").await;
