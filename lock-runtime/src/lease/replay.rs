@@ -35,7 +35,8 @@
 //! release dropped unlogged whose effect the new primary lacks costs its
 //! lock a ttl, as before.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -45,6 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Found, Kind, Pass, Switch, Switches};
+use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::hold::{drift_margin, Hold};
 use crate::transport::cluster::slots::slot;
@@ -298,28 +300,26 @@ impl Replays {
 
     /// Per lock a switch numbered after `seen` concerns: every entry of its
     /// key still able to matter, oldest first (a chain of passes is
-    /// followed from the token the new primary holds).
+    /// followed from the token the new primary holds). One pass over the
+    /// log.
     fn concerned(&self, switches: &[Switch]) -> Vec<Vec<Logged>> {
         let now = Instant::now();
         let log = self.log();
-        let mut keys: Vec<&str> = Vec::new();
+        let mut at: HashMap<&str, usize> = HashMap::new();
+        let mut groups: Vec<(bool, Vec<Logged>)> = Vec::new();
         for entry in log.iter().filter(|entry| entry.until > now) {
-            if switches.iter().any(|switch| entry.concerned_by(switch))
-                && !keys.contains(&entry.keys.lock.as_str())
-            {
-                keys.push(&entry.keys.lock);
-            }
+            let index = *at.entry(&entry.keys.lock).or_insert_with(|| {
+                groups.push((false, Vec::new()));
+                groups.len() - 1
+            });
+            let (concerned, group) = &mut groups[index];
+            *concerned |= switches.iter().any(|switch| entry.concerned_by(switch));
+            group.push(entry.clone());
         }
-        let groups: Vec<Vec<Logged>> = keys
-            .iter()
-            .map(|key| {
-                log.iter()
-                    .filter(|entry| entry.until > now && entry.keys.lock == *key)
-                    .cloned()
-                    .collect()
-            })
-            .collect();
         groups
+            .into_iter()
+            .filter_map(|(concerned, group)| concerned.then_some(group))
+            .collect()
     }
 
     /// Every entry of `key` still able to matter, oldest first.
@@ -401,67 +401,70 @@ impl Replays {
     }
 
     /// The token the exclusive lock of `keys` holds now (without its wake
-    /// mark), read again after a failure while it could still matter;
-    /// `None`: no key, a key kept after its release, or no answer.
+    /// mark); `None`: no key, a key kept after its release, or no answer
+    /// while it could still matter (`until`).
     async fn held(&self, keys: &LockKeys, until: Instant) -> Option<String> {
-        let mut pause = Duration::from_millis(20);
-        loop {
-            match self.backend.peek(keys).await {
-                Ok(readings) => {
-                    let value = readings.into_iter().flatten().next()?.value?;
-                    if value.starts_with("kept:") {
-                        return None;
-                    }
-                    return value.split('|').next().map(str::to_owned);
-                }
-                Err(error) => {
-                    if Instant::now() + pause >= until {
-                        tracing::debug!(
-                            lock = %keys.name(), %error,
-                            "reading a lock to make it good after a switch of primary failed"
-                        );
-                        return None;
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-            }
+        let readings = retried(keys, until, "reading a lock to make it good", || {
+            self.backend.peek(keys)
+        })
+        .await?;
+        let value = readings.into_iter().flatten().next()?.value?;
+        if value.starts_with("kept:") {
+            return None;
         }
+        value.split('|').next().map(str::to_owned)
     }
 
-    /// One release or pass sent again, tried again after a failure while
-    /// its key could hold its token; whether it found its token there.
+    /// One release or pass sent again, while its key could hold its token;
+    /// whether it found its token there.
     async fn send_again(&self, entry: &Logged) -> bool {
-        let mut pause = Duration::from_millis(20);
-        loop {
-            let keep_ms = entry.keep_until.map_or(0, |until| {
-                until.saturating_duration_since(Instant::now()).as_millis() as u64
-            });
-            let sent = match &entry.next {
+        let keys = &entry.keys;
+        let sent = retried(keys, entry.until, "sending a release again", || async {
+            match &entry.next {
                 Some((next, ttl_ms)) => self
                     .backend
-                    .pass(&entry.keys, &entry.token, next, *ttl_ms, None)
+                    .pass(keys, &entry.token, next, *ttl_ms, None)
                     .await
                     .map(|pass| matches!(pass, Pass::Passed { .. })),
-                None => self
-                    .backend
-                    .release(entry.kind, &entry.keys, &entry.token, keep_ms)
-                    .await
-                    .map(|release| release.found == Found::Mine),
-            };
-            match sent {
-                Ok(found) => return found,
-                Err(error) => {
-                    if Instant::now() + pause >= entry.until {
-                        tracing::debug!(
-                            lock = %entry.keys.name(), %error,
-                            "a release sent again after a switch of primary failed"
-                        );
-                        return false;
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                None => {
+                    let keep_ms = entry.keep_until.map_or(0, |until| {
+                        until.saturating_duration_since(Instant::now()).as_millis() as u64
+                    });
+                    self.backend
+                        .release(entry.kind, keys, &entry.token, keep_ms)
+                        .await
+                        .map(|release| release.found == Found::Mine)
                 }
+            }
+        })
+        .await;
+        sent.unwrap_or(false)
+    }
+}
+
+/// `call` on the lock of `keys`, tried again after a failure (pauses from
+/// 20 ms, doubled up to 1 s) while it could still matter (`until`);
+/// `None` once it no longer can.
+async fn retried<T, F: Future<Output = Result<T, LockError>>>(
+    keys: &LockKeys,
+    until: Instant,
+    what: &str,
+    mut call: impl FnMut() -> F,
+) -> Option<T> {
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match call().await {
+            Ok(answer) => return Some(answer),
+            Err(error) => {
+                if Instant::now() + pause >= until {
+                    tracing::debug!(
+                        lock = %keys.name(), %error,
+                        "{what} after a switch of primary failed"
+                    );
+                    return None;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
         }
     }
