@@ -256,32 +256,10 @@ async fn cluster_failover_during_work(how: &str) -> Duration {
 /// lag, the old primary hears of the takeover within a millisecond and
 /// hardly any release is lost.
 fn lagging_takeover(port: u16) {
-    use std::io::{Read, Write};
-    let busy = "local t = redis.call('TIME') \
-        local stop = t[1] * 1000000 + t[2] + 300000 \
-        repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop \
-        return 1";
-    let command = |args: &[&str]| {
-        let mut out = format!("*{}\r\n", args.len());
-        for arg in args {
-            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        out
-    };
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let pipeline = command(&["EVAL", busy, "0"]) + &command(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
-    stream.write_all(pipeline.as_bytes()).unwrap();
-    let mut replies = String::new();
-    let mut buffer = [0u8; 1024];
-    while !(replies.contains("+OK") || replies.contains("-ERR")) {
-        let read = stream.read(&mut buffer).unwrap();
-        assert!(read > 0, "the replica closed the connection: {replies:?}");
-        replies.push_str(&String::from_utf8_lossy(&buffer[..read]));
-    }
-    assert_eq!(replies, ":1\r\n+OK\r\n");
+    assert_eq!(
+        busy_then_takeover(port, 300).join().unwrap(),
+        ":1\r\n+OK\r\n"
+    );
 }
 
 /// `CLUSTER FAILOVER FORCE`: the replica takes over without waiting for
@@ -311,6 +289,122 @@ async fn sections_resume_soon_after_a_cluster_takeover() {
     let longest = cluster_failover_during_work("TAKEOVER").await;
     println!("CLUSTER FAILOVER TAKEOVER: longest pause between sections {longest:?}");
     assert!(longest < Duration::from_secs(3), "{longest:?}");
+}
+
+/// A lock passed between two tasks of a process while the replica about to
+/// take over reads nothing (a script keeps it busy): the new primary has
+/// the passer's token, the old one the next holder's. Once the process
+/// learns of the switch, the new primary's copy must go to the next holder
+/// (the pass made good as a pass), not be deleted under it, which let
+/// another process take the lock while it ran (the overlap after `CLUSTER
+/// FAILOVER FORCE`, design §15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_the_new_primary_missed_goes_to_the_next_holder_there() {
+    let cluster = RedisCluster::start(3, 1);
+    let port = cluster.ports()[0];
+    let slot_of = |name: &str| -> u16 {
+        let key = format!("lock:{{{name}}}");
+        value(&test_support::command(port, &["CLUSTER", "KEYSLOT", &key]).unwrap())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let primary = cluster.primary_of_slot(slot_of("passed")).unwrap();
+    let replica = cluster.replica_of(primary).unwrap();
+    // Another lock on the same primary: trying it makes the process learn
+    // of the switch (a `MOVED`, the slot map fetched again).
+    let touch = (0..1000)
+        .map(|i| format!("touch-{i}"))
+        .find(|name| cluster.primary_of_slot(slot_of(name)) == Some(primary))
+        .unwrap();
+    let mut worker = Process::spawn_with_env(
+        env!("CARGO_BIN_EXE_lock-worker"),
+        &["pass-on", "passed"],
+        Some(&cluster_url(&cluster)),
+        &[],
+    );
+    let held = worker.line(LINE_TIMEOUT);
+    let passer = held.strip_prefix("held ").expect(&held).to_owned();
+    let offset = |port: u16, field: &str| -> Option<u64> {
+        let info = test_support::command(port, &["INFO", "replication"]).ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|offset| offset.trim().parse().ok())
+    };
+    wait_until("the replica has read the lock", LINE_TIMEOUT, || {
+        let wanted = offset(primary, "master_repl_offset:");
+        wanted.is_some() && offset(replica, "slave_repl_offset:") == wanted
+    });
+    // The replica busy for a second (it answers `BUSY` after 50 ms), then
+    // taking over without what its primary was told meanwhile.
+    let reply =
+        test_support::command(replica, &["CONFIG", "SET", "busy-reply-threshold", "50"]).unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let takeover = busy_then_takeover(replica, 1_000);
+    wait_until("the replica is busy", LINE_TIMEOUT, || {
+        test_support::command(replica, &["PING"]).is_ok_and(|reply| reply.starts_with("-BUSY"))
+    });
+    worker.send("pass");
+    let passed = worker.line(LINE_TIMEOUT);
+    let next = passed.strip_prefix("passed ").expect(&passed).to_owned();
+    let key = "lock:{passed}";
+    assert_eq!(get(primary, key), Some(next.clone()));
+    assert_eq!(takeover.join().unwrap(), ":1\r\n+OK\r\n");
+    wait_until("the replica is promoted", LINE_TIMEOUT, || {
+        test_support::command(replica, &["ROLE"]).is_ok_and(|role| role.contains("master"))
+    });
+    assert_eq!(
+        get(replica, key),
+        Some(passer.clone()),
+        "the new primary missed the pass"
+    );
+    assert_eq!(ask(&mut worker, &format!("touch {touch}")), "touched");
+    wait_until("the new primary's copy is made good", LINE_TIMEOUT, || {
+        get(replica, key) != Some(passer.clone())
+    });
+    assert_eq!(
+        get(replica, key),
+        Some(next),
+        "the pass was made good as a release: the key was deleted under its holder"
+    );
+    assert_eq!(ask(&mut worker, "held"), "held");
+}
+
+/// Runs, on the replica on `port`, a script that keeps it busy for
+/// `millis` ms, then `CLUSTER FAILOVER TAKEOVER`, in one pipeline; the
+/// replies, once both came.
+fn busy_then_takeover(port: u16, millis: u64) -> std::thread::JoinHandle<String> {
+    use std::io::{Read, Write};
+    let busy = format!(
+        "local t = redis.call('TIME') \
+         local stop = t[1] * 1000000 + t[2] + {micros} \
+         repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop \
+         return 1",
+        micros = millis * 1000
+    );
+    let command = |args: &[&str]| {
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        out
+    };
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let pipeline = command(&["EVAL", &busy, "0"]) + &command(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    stream.write_all(pipeline.as_bytes()).unwrap();
+    std::thread::spawn(move || {
+        let mut replies = String::new();
+        let mut buffer = [0u8; 1024];
+        while !(replies.contains("+OK") || replies.contains("-ERR")) {
+            let read = stream.read(&mut buffer).unwrap();
+            assert!(read > 0, "the replica closed the connection: {replies:?}");
+            replies.push_str(&String::from_utf8_lossy(&buffer[..read]));
+        }
+        replies
+    })
 }
 
 /// A `holder` worker locking through `url` (in acknowledged mode with

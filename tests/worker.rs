@@ -144,6 +144,7 @@ async fn main() {
         }
         ["hold-renewed", key, ttl_ms] => failover::hold_renewed(key, parse(ttl_ms)).await,
         ["holder"] => failover::holder().await,
+        ["pass-on", key] => failover::pass_on(key).await,
         ["count", key, tasks, sections, counter, rest @ ..] => {
             count(
                 key,

@@ -285,3 +285,75 @@ pub async fn holder() {
         }
     }
 }
+
+/// `pass-on KEY`: one task takes KEY (ttl 30 s, not renewed, fenced) and says
+/// `held TOKEN`. On `pass`, a second task of the process asks for KEY
+/// (waiting; it queues in the process at its first poll) and the first
+/// releases: the second says `passed TOKEN` when the lock went to it in
+/// the process (the hand-off counter moved), else `not passed`. Then, one
+/// per line: `touch NAME` tries NAME once (a call of the process:
+/// `touched`); `held`: `held` or `not held` for the second task's lock.
+pub async fn pass_on(key: &str) {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("a metrics recorder");
+    let handoffs = || -> u64 {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == "distributed_lock_handoffs_total")
+            .map(|(.., value)| match value {
+                DebugValue::Counter(count) => count,
+                _ => 0,
+            })
+            .sum()
+    };
+    let token = || async { lock_runtime::current().map(|lock| lock.token().to_owned()) };
+    let ttl = Duration::from_secs(30);
+    // Waiting and fenced: taken as the process's queue's first (a lock
+    // taken by a plain `SET` has no queue in the process to pass it to).
+    let first = Lock::new(key)
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .fencing()
+        .acquire()
+        .await
+        .expect("the lock");
+    say(&format!(
+        "held {}",
+        first.run(token()).await.unwrap().unwrap()
+    ));
+    assert_eq!(next_line().await, "pass");
+    let waiter = Lock::new(key).ttl(ttl).wait(Duration::from_secs(20));
+    let mut second = Box::pin(waiter.acquire());
+    tokio::select! {
+        biased;
+        _ = &mut second => panic!("the second task got the lock while the first held it"),
+        _ = std::future::ready(()) => {}
+    }
+    let before = handoffs();
+    first.release().await.expect("the first task's release");
+    let second = second.await.expect("the second task's lock");
+    if handoffs() == before {
+        say("not passed");
+        return;
+    }
+    say(&format!(
+        "passed {}",
+        second.run(token()).await.unwrap().unwrap()
+    ));
+    loop {
+        let line = next_line().await;
+        match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            ["touch", name] => {
+                let _ = Lock::new(*name).try_acquire().await;
+                say("touched");
+            }
+            ["held"] => say(if second.is_held() { "held" } else { "not held" }),
+            [] => return,
+            _ => panic!("pass-on: unknown command {line:?}"),
+        }
+    }
+}
