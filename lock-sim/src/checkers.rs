@@ -45,6 +45,8 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     wrong_kind(rec, facts, &mut violations);
     progress(rec, facts, &mut violations);
     starvation(rec, facts, &mut violations);
+    starved_sets(rec, facts, &mut violations);
+    fair_order(rec, facts, &mut violations);
     expired_grants(rec, facts, &mut violations);
     for call in &rec.calls {
         if let Some(Outcome::Config(message)) = &call.outcome {
@@ -427,6 +429,204 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                         outcome
                     ),
                 });
+            }
+        }
+    }
+}
+
+/// The longest section of a set's keys by others, and the shortest wait,
+/// under which a set must not wait in vain: design §16 lets single-key
+/// lockers pass it only with sections longer than their timed retries
+/// (500 ms).
+const SHORT_SECTION: Micros = 100_000;
+const LONG_WAIT: Micros = 1_000_000;
+
+/// A set that waited out a long wait in vain while every section of its
+/// keys by others was short (issue 36's hole 3: over a quorum, a set with a
+/// fresh ticket each round stood at the back of every line). Only after
+/// the last fault, with no call of its keys cancelled or failed around it
+/// (a lock taken by a call that did not return it stays until its ttl).
+fn starved_sets(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    let max_ttl = rec
+        .calls
+        .iter()
+        .filter_map(|call| option_ms(call, "ttl="))
+        .max()
+        .unwrap_or(0);
+    for call in rec.calls.iter().filter(|call| {
+        call.set
+            && !call.nested
+            && call.start >= facts.healed
+            && call.wait.is_some_and(|wait| wait >= LONG_WAIT)
+            && call.outcome == Some(Outcome::WaitTimeout)
+    }) {
+        let Some(end) = call.end else {
+            continue;
+        };
+        if paused_during(facts, call, end) {
+            continue;
+        }
+        let mine = |key: &str| call.keys.iter().any(|(name, _)| name == key);
+        let troubled = rec.calls.iter().any(|other| {
+            other.keys.iter().any(|(key, _)| mine(key))
+                && other.start < end
+                && other
+                    .end
+                    .is_none_or(|other_end| other_end + max_ttl > call.start)
+                && !matches!(
+                    other.outcome,
+                    Some(Outcome::Ok | Outcome::Busy | Outcome::WaitTimeout)
+                )
+        });
+        // A hold's key stays until its holder let go of it, and with
+        // `hold_at_least` until then.
+        let kept = |hold: &Hold| {
+            let at_least = rec
+                .calls
+                .get(hold.call)
+                .and_then(|taker| option_ms(taker, "hold_at_least="))
+                .map_or(0, |at_least| hold.start + at_least);
+            hold.let_go.max(hold.end).max(at_least)
+        };
+        let longest = rec
+            .holds
+            .iter()
+            .filter(|hold| mine(&hold.key) && hold.start < end && kept(hold) > call.start)
+            .map(|hold| kept(hold) - hold.start)
+            .max()
+            .unwrap_or(0);
+        if troubled || longest > SHORT_SECTION {
+            continue;
+        }
+        violations.push(Violation {
+            kind: "starvation",
+            text: format!(
+                "set call #{} (c{}.t{} {}) waited [{:.3} ms, {:.3} ms] in vain while every section of its keys was {:.3} ms or shorter",
+                call.id,
+                call.client,
+                call.task,
+                crate::history::keys_text(&call.keys),
+                call.start as f64 / 1000.0,
+                end as f64 / 1000.0,
+                longest as f64 / 1000.0
+            ),
+        });
+    }
+}
+
+/// A duration among a call's options (`ttl=`, `hold_at_least=`), µs.
+fn option_ms(call: &Call, name: &str) -> Option<Micros> {
+    call.options
+        .split(' ')
+        .find_map(|option| option.strip_prefix(name))
+        .and_then(|ms| ms.strip_suffix("ms"))
+        .and_then(|ms| ms.parse::<Micros>().ok())
+        .map(|ms| ms * 1000)
+}
+
+/// A `fair` acquisition (one key or a set) that took a key ahead of a
+/// single-key waiter of another client queued for it before it came
+/// (design §4: a fair attempt goes only when the first live waiter in line
+/// that is not a set's is the caller; §16: a set's place keeps no key).
+///
+/// Checked only where the order is the library's to keep: both calls
+/// after the last fault (a place outlives no pause or lost server, and a
+/// lost reply's re-send may join at the back), neither client with another
+/// call of the key meanwhile (a cohort: tasks of one client share one
+/// place and pass the lock among themselves, §4), the waiter queued for
+/// certain (its first tries, a subscription on a new connection: eight
+/// one-way delays) before the taker started, and the taker's grant
+/// certainly before the waiter's (a one-way delay before its end).
+fn fair_order(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    let fair = |call: &Call| call.options.split(' ').any(|option| option == "fair");
+    let acquisition = |call: &Call| matches!(call.op, "acquire" | "run") && !call.nested;
+    let joined_after = 8 * facts.max_delay + 5_000;
+    let mut waiters: BTreeMap<&str, Vec<&Call>> = BTreeMap::new();
+    for call in &rec.calls {
+        if acquisition(call)
+            && !call.set
+            && call.wait.is_some()
+            && call.start >= facts.healed
+            && call.keys.len() == 1
+            && call.keys[0].1 == Mode::Exclusive
+        {
+            waiters.entry(&call.keys[0].0).or_default().push(call);
+        }
+    }
+    let stake = |client: usize, key: &str, except: [usize; 2], from: Micros, to: Micros| {
+        rec.calls.iter().any(|other| {
+            other.client == client
+                && !except.contains(&other.id)
+                && other.start < to
+                && other.end.is_none_or(|end| end > from)
+                && other.keys.iter().any(|(name, _)| name == key)
+        })
+    };
+    for taker in &rec.calls {
+        let Some(taken) = taker.end else {
+            continue;
+        };
+        if !acquisition(taker)
+            || !fair(taker)
+            || taker.reentrant
+            || taker.outcome != Some(Outcome::Ok)
+            || taker.start < facts.healed
+            || paused_during(facts, taker, taken)
+        {
+            continue;
+        }
+        for (key, mode) in &taker.keys {
+            if *mode != Mode::Exclusive {
+                continue;
+            }
+            let passed = waiters
+                .get(key.as_str())
+                .into_iter()
+                .flatten()
+                .find(|waiter| {
+                    waiter.client != taker.client
+                        && waiter.start + joined_after < taker.start
+                        && waiter
+                            .end
+                            .is_some_and(|end| taken + facts.max_delay + 10_000 < end)
+                        && !paused_during(facts, waiter, taken)
+                        && !stake(
+                            waiter.client,
+                            key,
+                            [waiter.id, taker.id],
+                            waiter.start,
+                            taken,
+                        )
+                        && !stake(
+                            taker.client,
+                            key,
+                            [waiter.id, taker.id],
+                            waiter.start,
+                            taken,
+                        )
+                });
+            if let Some(waiter) = passed {
+                violations.push(Violation {
+                    kind: "fair-order",
+                    text: format!(
+                        "fair call #{} (c{}.t{} {} {}, from {:.3} ms) took {key} at {:.3} ms ahead of #{} (c{}.t{} {}), waiting for it since {:.3} ms (until {:.3} ms, {:?})",
+                        taker.id,
+                        taker.client,
+                        taker.task,
+                        taker.op,
+                        crate::history::keys_text(&taker.keys),
+                        taker.start as f64 / 1000.0,
+                        taken as f64 / 1000.0,
+                        waiter.id,
+                        waiter.client,
+                        waiter.task,
+                        waiter.options,
+                        waiter.start as f64 / 1000.0,
+                        waiter.end.unwrap_or(0) as f64 / 1000.0,
+                        waiter.outcome
+                    ),
+                });
+                break;
             }
         }
     }

@@ -111,7 +111,10 @@ fn run_here(scenario: &str, seed: u64, trace: bool) -> Report {
 
 async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> Report {
     let mut rng = Rng::new(seed ^ scenario_salt(scenario));
-    let plan = Plan::new(backend, &mut rng);
+    // One run in five is a contention run (`Plan::contended`), drawn apart
+    // so that the other runs' plans do not depend on it.
+    let contended = contended(scenario, seed);
+    let plan = Plan::new(backend, &mut rng, contended);
     let mut world = World::new(rng.fork(), plan.net.clone(), plan.epoch_us);
     world.trace = trace;
     let mut build_rng = rng.fork();
@@ -175,6 +178,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
                 Arc::clone(&env),
                 client,
                 task,
+                plan.roles[client][task].clone(),
                 task_rng,
                 plan.end,
             ));
@@ -276,6 +280,13 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
     });
     driver.abort();
     report
+}
+
+const CONTENTION_SALT: u64 = 0xc0_47e7_7104;
+
+/// Whether `seed` of `scenario` is a contention run (one in five).
+pub fn contended(scenario: &str, seed: u64) -> bool {
+    Rng::new(seed ^ scenario_salt(scenario) ^ CONTENTION_SALT).chance(20)
 }
 
 fn scenario_salt(scenario: &str) -> u64 {

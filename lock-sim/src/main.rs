@@ -77,7 +77,12 @@ fn main() {
                     if !report.violations.is_empty() {
                         failed += 1;
                         println!(
-                            "FAILED seed {seed} scenario {scenario}: {} violation(s)",
+                            "FAILED seed {seed} scenario {scenario}{}: {} violation(s)",
+                            if lock_sim::contended(scenario, seed) {
+                                " (contention run)"
+                            } else {
+                                ""
+                            },
                             report.violations.len()
                         );
                         for violation in report.violations.iter().take(3) {

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use crate::deploy::Backend;
 use crate::rng::Rng;
-use crate::workload::{Mix, Names};
+use crate::workload::{Mix, Names, Role};
 use crate::world::{Action, Micros, NetParams};
 
+#[derive(Clone)]
 pub struct ClientPlan {
     pub tasks: usize,
     pub connect_timeout: Duration,
@@ -36,13 +37,25 @@ pub struct Plan {
     pub epoch_us: i64,
     /// What the plan's faults are, for the history's first lines.
     pub summary: Vec<String>,
+    /// Each task's role, by client (`Role::Any` in a mixed run).
+    pub roles: Vec<Vec<Role>>,
 }
 
 const MS: Micros = 1000;
 const S: Micros = 1_000_000;
 
 impl Plan {
-    pub fn new(backend: Backend, rng: &mut Rng) -> Plan {
+    /// A run's plan; `contended`: a contention run instead (below).
+    pub fn new(backend: Backend, rng: &mut Rng, contended: bool) -> Plan {
+        let plan = Plan::mixed(backend, rng);
+        if contended {
+            plan.contended(rng)
+        } else {
+            plan
+        }
+    }
+
+    fn mixed(backend: Backend, rng: &mut Rng) -> Plan {
         let quorum = matches!(backend, Backend::Quorum(_));
         let replicated = matches!(backend, Backend::Sentinel | Backend::Cluster);
         let nodes = match backend {
@@ -246,6 +259,7 @@ impl Plan {
         let progress_bound = max_ttl + max_wait + max_body + 2 * max_deadline + 3 * S + failover;
         let end = healed + progress_bound + S;
         Plan {
+            roles: clients.iter().map(|c| vec![Role::Any; c.tasks]).collect(),
             backend,
             clients,
             net,
@@ -259,6 +273,94 @@ impl Plan {
             epoch_us,
             summary,
         }
+    }
+
+    /// A contention run: quick single-key lockers (one key per task, a
+    /// section of a few ms, then at once again) among tasks that ask for
+    /// sets of those keys with waits of seconds, on a calm network with no
+    /// faults: issue 36's starvation holes and `fair`'s order need
+    /// hundreds of sections of a key within one set's wait, which the
+    /// mixed runs seldom have (design §17).
+    fn contended(mut self, rng: &mut Rng) -> Plan {
+        let fair_ok = self.mix.fair_ok;
+        self.mix = Mix {
+            weights: [10, 0, 0, 0, 0],
+            fair_pct: if fair_ok { rng.range(0, 70) } else { 0 },
+            fencing_pct: rng.range(0, 50),
+            renew_pct: rng.range(0, 20),
+            hold_at_least_pct: 0,
+            wait_pct: 100,
+            cancel_pct: 0,
+            ttl_ms: (200, 2_000),
+            wait_ms: 4_000,
+            steps: 1,
+            step_ms: rng.range(1, 5),
+            idle_ms: 0,
+            fair_ok,
+        };
+        self.names
+            .exclusive
+            .truncate(if rng.chance(50) { 2 } else { 3 });
+        while self.clients.len() < 3 {
+            let more = ClientPlan {
+                seed: rng.next_u64(),
+                ..self.clients[0].clone()
+            };
+            self.clients.push(more);
+        }
+        for client in &mut self.clients {
+            client.acknowledged = None;
+            client.response_timeout = client.response_timeout.min(Duration::from_millis(1_000));
+        }
+        // The roles: one or two tasks ask for sets; each key has one to
+        // three lockers, all in one client (a cohort: one place in line,
+        // the lock passed among them) or each in a client drawn at random.
+        let clients = self.clients.len();
+        let mut roles: Vec<Vec<Role>> = vec![Vec::new(); clients];
+        let setters = rng.range(1, 2);
+        for _ in 0..setters {
+            roles[rng.below(clients as u64) as usize].push(Role::Sets);
+        }
+        let cohorts = rng.chance(50);
+        let mut lockers = Vec::new();
+        for (at, key) in self.names.exclusive.iter().enumerate() {
+            let count = rng.range(1, 3);
+            lockers.push(count);
+            for _ in 0..count {
+                let client = if cohorts {
+                    at % clients
+                } else {
+                    rng.below(clients as u64) as usize
+                };
+                roles[client].push(Role::Single(key.clone()));
+            }
+        }
+        for (client, roles) in self.clients.iter_mut().zip(&roles) {
+            client.tasks = roles.len();
+        }
+        self.roles = roles;
+        let total: usize = self.clients.iter().map(|c| c.tasks).sum();
+        self.net.spike_per_mille = 0;
+        self.net.lost_reply_per_mille = 0;
+        self.net.late_per_mille = 0;
+        self.faults = vec![(0, Action::CalmNetwork)];
+        self.healed = 0;
+        self.summary = vec![format!(
+            "contention: {total} tasks, {setters} asking for sets of {:?}, lockers per key {lockers:?}{}, no faults",
+            self.names.exclusive,
+            if cohorts { " (each key's in one client)" } else { "" }
+        )];
+        let max_deadline = self
+            .clients
+            .iter()
+            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
+            .max()
+            .unwrap_or(0);
+        self.progress_bound =
+            self.max_ttl() + self.mix.wait_ms as Micros * MS + 2 * max_deadline + 3 * S;
+        // Long enough for several set waits; progress is checked too.
+        self.end = self.progress_bound + S;
+        self
     }
 
     pub fn max_ttl(&self) -> Micros {

@@ -98,6 +98,15 @@ impl Env {
     }
 }
 
+/// What a task does: anything (a mixed run), or, in a contention run, sets
+/// of the run's exclusive keys, or one key alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Any,
+    Sets,
+    Single(String),
+}
+
 /// One operation of a task.
 #[derive(Clone, Debug)]
 struct Op {
@@ -251,10 +260,58 @@ fn choose(rng: &mut Rng, env: &Env) -> Op {
     }
 }
 
+/// An operation of a contention run's task: a set of at least two of the
+/// run's keys, or its one key, with a long wait and a short section.
+fn contend(rng: &mut Rng, env: &Env, role: &Role) -> Op {
+    let mix = &env.mix;
+    let what = match role {
+        Role::Single(name) => What::Single(name.clone(), Mode::Exclusive),
+        _ => {
+            let mut set = env.names.exclusive.clone();
+            if set.len() > 2 && rng.chance(50) {
+                set.remove(rng.below(set.len() as u64) as usize);
+            }
+            What::Set(set)
+        }
+    };
+    let set = matches!(what, What::Set(_));
+    let wait = if set {
+        rng.range(2_000, mix.wait_ms)
+    } else {
+        rng.range(1_000, mix.wait_ms)
+    };
+    Op {
+        what,
+        ttl: Duration::from_millis(rng.range(mix.ttl_ms.0, mix.ttl_ms.1)),
+        wait: Some(Duration::from_millis(wait)),
+        renew: rng.chance(mix.renew_pct),
+        fair: mix.fair_ok && rng.chance(mix.fair_pct),
+        fencing: rng.chance(mix.fencing_pct),
+        hold_at_least: None,
+        api: if set || rng.chance(50) {
+            Api::Guard
+        } else {
+            Api::Run
+        },
+        steps: vec![Duration::from_micros(rng.range(100, mix.step_ms * 1000))],
+        cancel: None,
+    }
+}
+
 /// A task's life: operations until `until`.
-pub async fn task(env: Arc<Env>, client: usize, task: usize, mut rng: Rng, until: Micros) {
+pub async fn task(
+    env: Arc<Env>,
+    client: usize,
+    task: usize,
+    role: Role,
+    mut rng: Rng,
+    until: Micros,
+) {
     while env.now() < until {
-        let op = choose(&mut rng, &env);
+        let op = match role {
+            Role::Any => choose(&mut rng, &env),
+            _ => contend(&mut rng, &env, &role),
+        };
         let ctx = Ctx {
             env: &env,
             client,
