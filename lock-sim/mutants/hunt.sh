@@ -5,7 +5,8 @@
 #
 #   lock-sim/mutants/hunt.sh NAME [MAX_SEEDS]
 #
-# The patch's header names its scenario(s) (`# scenario: quorum3`) and the
+# The binary it leaves in target/release is the mutant's: build again before
+# other runs. The patch's header names its scenario(s) (`# scenario: quorum3`) and the
 # checkers that should see the hole (`# finds: overlap`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

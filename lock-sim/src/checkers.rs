@@ -35,6 +35,9 @@ pub struct Facts {
     pub leftovers: Vec<String>,
     /// Tasks that did not finish.
     pub hung: Vec<String>,
+    /// Lock keys a renewal brought back where they were gone (when, node,
+    /// key): read from the simulated nodes around each `RENEW`.
+    pub renewal_created: Vec<(Micros, String, String)>,
 }
 
 pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
@@ -65,6 +68,19 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
             text: format!(
                 "keys left after everyone finished and every ttl passed: {}",
                 facts.leftovers.join(", ")
+            ),
+        });
+    }
+    // A released or expired lock is never extended again (design §5): a
+    // renewal that finds its key gone reports the hold lost and brings
+    // nothing back (the key may be another's by now on another node of a
+    // quorum, or taken in the instant after).
+    for (at, node, key) in &facts.renewal_created {
+        violations.push(Violation {
+            kind: "renewal-created",
+            text: format!(
+                "a renewal brought back {key} on {node} at {:.3} ms, where it was gone",
+                *at as f64 / 1000.0
             ),
         });
     }

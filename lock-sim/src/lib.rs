@@ -260,6 +260,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
             progress_bound: plan.progress_bound,
             leftovers,
             hung,
+            renewal_created: world.renewal_created.clone(),
         };
         let violations = checkers::check(&world.rec, &facts);
         for violation in &violations {

@@ -291,6 +291,10 @@ pub struct World {
     pub trace: bool,
     /// Scripts seen, by SHA1: the name in their header.
     scripts: BTreeMap<String, String>,
+    /// Lock keys a renewal (`RENEW`) brought back on a node where they were
+    /// gone: (when, node, key). A released or expired lock is never
+    /// extended again (design §5); the checkers report each.
+    pub renewal_created: Vec<(Micros, String, String)>,
 }
 
 impl World {
@@ -321,6 +325,7 @@ impl World {
             stats: BTreeMap::new(),
             trace: false,
             scripts: BTreeMap::new(),
+            renewal_created: Vec::new(),
         }
     }
 
@@ -915,9 +920,26 @@ impl World {
                     return None;
                 }
                 let before = self.nodes[n].node.replication_offset();
+                // A renewal's keys that are gone before it runs.
+                let gone: Vec<Vec<u8>> = if self.script_label(command).as_deref() == Some("RENEW") {
+                    script_keys(command)
+                        .filter(|key| self.nodes[n].node.get(0, key, wall).is_none())
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let executed = self.nodes[n].node.execute(node_conn, command, wall);
                 if self.nodes[n].node.replication_offset() != before {
                     self.wrote(n);
+                }
+                for key in gone {
+                    if self.nodes[n].node.get(0, &key, wall).is_some() {
+                        let key = String::from_utf8_lossy(&key).into_owned();
+                        let name = self.nodes[n].name.clone();
+                        self.note(format!("{name}: a renewal brought back {key}"));
+                        self.renewal_created.push((now, name, key));
+                    }
                 }
                 executed
             }
@@ -950,20 +972,16 @@ impl World {
         Some(executed)
     }
 
-    /// A command, shortly: a script by the name in its header.
-    fn summary(&mut self, command: &[Vec<u8>]) -> String {
-        let text = |arg: &Vec<u8>| String::from_utf8_lossy(arg).into_owned();
-        let name = command
-            .first()
-            .map(text)
-            .unwrap_or_default()
-            .to_ascii_uppercase();
-        if name == "EVAL" || name == "EVALSHA" {
-            let sha = if name == "EVAL" {
-                let source = command.get(1).map(text).unwrap_or_default();
-                let sha = sha1_smol::Sha1::from(source.as_bytes())
-                    .digest()
-                    .to_string();
+    /// The name in the header of the script `command` runs (`EVAL`,
+    /// `EVALSHA` of a script seen before), if any.
+    fn script_label(&mut self, command: &[Vec<u8>]) -> Option<String> {
+        let name = command.first()?;
+        let sha = if name.eq_ignore_ascii_case(b"EVAL") {
+            let source = String::from_utf8_lossy(command.get(1)?).into_owned();
+            let sha = sha1_smol::Sha1::from(source.as_bytes())
+                .digest()
+                .to_string();
+            if !self.scripts.contains_key(&sha) {
                 let label = source
                     .lines()
                     .rfind(|line| {
@@ -979,15 +997,26 @@ impl World {
                     .map(|line| line[3..].split(':').next().unwrap_or("").to_owned())
                     .unwrap_or_else(|| "script".to_owned());
                 self.scripts.insert(sha.clone(), label);
-                sha
-            } else {
-                command.get(1).map(text).unwrap_or_default()
-            };
-            let label = self
-                .scripts
+            }
+            sha
+        } else if name.eq_ignore_ascii_case(b"EVALSHA") {
+            String::from_utf8_lossy(command.get(1)?).into_owned()
+        } else {
+            return None;
+        };
+        Some(
+            self.scripts
                 .get(&sha)
                 .cloned()
-                .unwrap_or_else(|| sha[..8.min(sha.len())].to_owned());
+                .unwrap_or_else(|| sha[..8.min(sha.len())].to_owned()),
+        )
+    }
+
+    /// A command, shortly: a script by the name in its header.
+    fn summary(&mut self, command: &[Vec<u8>]) -> String {
+        let text = |arg: &Vec<u8>| String::from_utf8_lossy(arg).into_owned();
+        if let Some(label) = self.script_label(command) {
+            let name = text(&command[0]).to_ascii_uppercase();
             let rest: Vec<String> = command.iter().skip(2).map(text).collect();
             return short(&format!("{name} {label} {}", rest.join(" ")), 240);
         }
@@ -1436,6 +1465,16 @@ pub async fn drive(shared: Arc<Shared>) {
             None => shared.wake.notified().await,
         }
     }
+}
+
+/// The keys of a script call (`EVAL`/`EVALSHA script numkeys key...`).
+fn script_keys(command: &[Vec<u8>]) -> impl Iterator<Item = &Vec<u8>> {
+    let count = command
+        .get(2)
+        .and_then(|n| std::str::from_utf8(n).ok())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    command.iter().skip(3).take(count)
 }
 
 fn is_subscribe(command: &[Vec<u8>]) -> bool {
