@@ -402,6 +402,7 @@ impl RedisBackend {
     pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
         // Just after a switch of primary (boxed: a rare wait that must not
         // size the common path's future).
+        let called = Instant::now();
         let slot = || self.cluster.then(|| slots::slot(&request.keys.lock));
         if let Some(until) = self.held_back(slot) {
             // Not past the caller's wait: a waiter whose wait ends first
@@ -419,9 +420,12 @@ impl RedisBackend {
         let Some(ack) = self.ack else {
             return self.acquire_once(&request).await;
         };
-        // The give-back below is part of this call: both end within one
-        // call deadline (design §3).
-        let until = Instant::now() + self.connection.deadline();
+        // The give-back below is part of this call: it ends within one
+        // call deadline of the call's start, a hold-back included (design
+        // §3; lock-sim sentinel seed 58: 190 ms held back after a switch,
+        // then a give-back on a connection that had stopped answering
+        // took a whole deadline more).
+        let until = called + self.connection.deadline();
         let outcome = self.acquire_once(&request).await;
         let confirmed = match &outcome {
             Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {
