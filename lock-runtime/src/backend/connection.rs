@@ -398,7 +398,22 @@ impl Connection {
     /// until it succeeds, fails with an error that retrying cannot help, or
     /// the call's deadline passes. Only for calls that are safe to repeat:
     /// an attempt that failed may still have run in Redis.
-    pub(crate) async fn call<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    pub(crate) async fn call<T, F, Fut>(&self, attempt: F) -> RedisResult<T>
+    where
+        F: FnMut(Link, u32) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.call_until(None, attempt).await
+    }
+
+    /// [`call`](Self::call), ending by `until` if that comes before the
+    /// call's own deadline (a call of an acquisition that made others
+    /// before it, or waited: the acquisition ends within one deadline).
+    pub(crate) async fn call_until<T, F, Fut>(
+        &self,
+        until: Option<tokio::time::Instant>,
+        mut attempt: F,
+    ) -> RedisResult<T>
     where
         F: FnMut(Link, u32) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
@@ -406,7 +421,10 @@ impl Connection {
         // One clock reading per call on its common path: the deadline's
         // (each reading is tens of nanoseconds, and a pair makes two calls).
         let mut now = tokio::time::Instant::now();
-        let deadline = now + self.deadline;
+        let deadline = match until {
+            Some(until) => until.min(now + self.deadline),
+            None => now + self.deadline,
+        };
         let mut pause = FIRST_RETRY_PAUSE;
         let mut number = 0;
         loop {

@@ -137,6 +137,10 @@ pub(crate) struct AcquireRequest<'a> {
     /// What the backend keeps across this waiter's attempts (`None`: a try,
     /// or the first attempt of a waiting acquire, before it waits).
     pub(crate) place: Option<&'a WaitPlace>,
+    /// When the attempt's calls must have ended, where it makes several
+    /// or waits before them (`None`: each call has its own deadline): an
+    /// attempt ends within one call deadline of its start (design §3).
+    pub(crate) until: Option<Instant>,
 }
 
 /// What a backend keeps across one waiter's attempts: over a quorum, the

@@ -117,6 +117,22 @@ impl RedisBackend {
         &self,
         name: &str,
         operation: &'static str,
+        attempt: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut(Link, u32) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        self.call_until(name, operation, None, attempt).await
+    }
+
+    /// [`call`](Self::call), ending by `until` if that comes first (see
+    /// [`AcquireRequest::until`]).
+    async fn call_until<T, F, Fut>(
+        &self,
+        name: &str,
+        operation: &'static str,
+        until: Option<Instant>,
         mut attempt: F,
     ) -> Result<T, LockError>
     where
@@ -126,7 +142,7 @@ impl RedisBackend {
         // Acquisitions carry `WAIT` in acknowledged mode.
         let ack = self.ack.filter(|_| operation == "acquire");
         self.connection
-            .call(|link, number| {
+            .call_until(until, |link, number| {
                 // An acquisition's retry, just after this client learned of
                 // a switch of primary (often from this call: a `MOVED`, a
                 // `READONLY`, or sent again at half its deadline), is held
@@ -210,9 +226,10 @@ impl RedisBackend {
         match request.kind {
             Kind::Exclusive if plain => self.set_if_free(request).await,
             Kind::Exclusive => {
-                Box::pin(self.call(
+                Box::pin(self.call_until(
                     request.keys.name(),
                     "acquire",
+                    request.until,
                     |mut connection, attempt| async move {
                         let retry = AcquireRequest {
                             mine: request.mine || attempt > 0,
@@ -225,6 +242,17 @@ impl RedisBackend {
             }
             Kind::Read | Kind::Write if plain => {
                 Box::pin(async {
+                    // Up to three calls (the plain try, its give-back, the
+                    // script): all within one deadline (lock-sim node seed
+                    // 6052: a read's try parked in a stalled server, then a
+                    // script without an answer, 809 ms against 541).
+                    let until = request
+                        .until
+                        .unwrap_or_else(|| Instant::now() + self.connection.deadline());
+                    let request = &AcquireRequest {
+                        until: Some(until),
+                        ..*request
+                    };
                     let alone = if request.kind == Kind::Read {
                         self.lone_reader(request).await?
                     } else {
@@ -258,9 +286,10 @@ impl RedisBackend {
             .arg("PX")
             .arg(request.ttl_ms);
         let set = &set;
-        self.call(
+        self.call_until(
             keys.name(),
             "acquire",
+            request.until,
             |mut connection, attempt| async move {
                 if attempt > 0 {
                     let retry = AcquireRequest {
@@ -399,12 +428,16 @@ impl RedisBackend {
     /// [`Backend::acquire`], called directly: the lock's own calls on one
     /// server, a cluster or Sentinel go here without the trait's box (see
     /// [`Backend::as_redis`]).
-    pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+    pub(crate) async fn acquire(
+        &self,
+        mut request: AcquireRequest<'_>,
+    ) -> Result<Acquire, LockError> {
         // Just after a switch of primary (boxed: a rare wait that must not
-        // size the common path's future).
-        let called = Instant::now();
+        // size the common path's future). The hold-back is part of the
+        // attempt: its calls end within one deadline of its start.
         let slot = || self.cluster.then(|| slots::slot(&request.keys.lock));
         if let Some(until) = self.held_back(slot) {
+            request.until = Some(Instant::now() + self.connection.deadline());
             // Not past the caller's wait: a waiter whose wait ends first
             // finds the lock busy (it is, for the holders being told),
             // and sends nothing. A try (no wait) waits out the hold-back:
@@ -425,7 +458,9 @@ impl RedisBackend {
         // §3; lock-sim sentinel seed 58: 190 ms held back after a switch,
         // then a give-back on a connection that had stopped answering
         // took a whole deadline more).
-        let until = called + self.connection.deadline();
+        let until = *request
+            .until
+            .get_or_insert_with(|| Instant::now() + self.connection.deadline());
         let outcome = self.acquire_once(&request).await;
         let confirmed = match &outcome {
             Err(LockError::Redis { source, .. }) => match replicas_confirmed(source) {

@@ -627,6 +627,7 @@ impl Acquisition<'_> {
             mine: earlier_unknown,
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
             place,
+            until: None,
         };
         let backend = self.core.backend();
         let reply = match backend.as_redis() {

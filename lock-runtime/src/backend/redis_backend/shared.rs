@@ -21,9 +21,10 @@ impl RedisBackend {
         request: &AcquireRequest<'_>,
     ) -> Result<Acquire, LockError> {
         let reply: Vec<i64> = self
-            .call(
+            .call_until(
                 request.keys.name(),
                 "acquire",
+                request.until,
                 |mut connection, attempt| async move {
                     // A retry: the attempt before it may have taken the lock.
                     let mine = request.mine || attempt > 0;
@@ -85,9 +86,10 @@ impl RedisBackend {
             .arg(keys.queue());
         let pipe = &pipe;
         let (set, queued) = self
-            .call(
+            .call_until(
                 keys.name(),
                 "acquire",
+                request.until,
                 |mut connection, attempt| async move {
                     if attempt > 0 {
                         let retry = AcquireRequest {
@@ -116,7 +118,8 @@ impl RedisBackend {
                 self.release_shared(Kind::Read, keys, request.token, 0, &mut connection)
                     .await
             };
-            self.call(keys.name(), "acquire", give_back).await?;
+            self.call_until(keys.name(), "acquire", request.until, give_back)
+                .await?;
             return Ok(None);
         }
         Ok(set)
@@ -152,9 +155,10 @@ impl RedisBackend {
             .arg(keys.queue());
         let pipe = &pipe;
         let taken = self
-            .call(
+            .call_until(
                 keys.name(),
                 "acquire",
+                request.until,
                 |mut connection, attempt| async move {
                     if attempt > 0 {
                         self.release_shared(Kind::Write, keys, request.token, 0, &mut connection)
@@ -184,7 +188,8 @@ impl RedisBackend {
                     self.release_shared(Kind::Write, keys, request.token, 0, &mut connection)
                         .await
                 };
-                self.call(keys.name(), "acquire", give_back).await?;
+                self.call_until(keys.name(), "acquire", request.until, give_back)
+                    .await?;
                 Ok(None)
             }
         }
