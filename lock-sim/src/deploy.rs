@@ -44,6 +44,9 @@ pub enum DeployState {
         primary: usize,
         members: Vec<usize>,
         generation: u64,
+        /// Each sentinel's configuration epoch: the failover it last
+        /// announced (it never goes back to an older one's primary).
+        epochs: Vec<u64>,
     },
     Cluster {
         /// Each shard's nodes (the primary first, as the topology says now).
@@ -106,6 +109,7 @@ pub fn build(backend: Backend, world: &mut World, rng: &mut Rng, skew_us: i64) -
                 primary: members[0],
                 members,
                 generation: 0,
+                epochs: vec![0; world.sentinels.len()],
             }
         }
         Backend::Cluster => {
@@ -297,7 +301,25 @@ pub fn act(world: &mut World, action: Action) {
                 world.lossy.push((open, now));
             }
         }
-        Action::Announce { sentinel, to } => {
+        Action::Announce {
+            sentinel,
+            to,
+            epoch,
+        } => {
+            // A sentinel that already follows a later failover (two manual
+            // failovers in a row, announced out of order) keeps its
+            // primary, as Sentinel's configuration epochs make it.
+            if let DeployState::Sentinel { epochs, .. } = &mut world.deploy {
+                if epochs[sentinel] > epoch {
+                    world.note(format!(
+                        "deploy: sentinel s{} passes over an older failover's +switch-master to {}",
+                        sentinel + 1,
+                        world.nodes[to].name
+                    ));
+                    return;
+                }
+                epochs[sentinel] = epoch;
+            }
             let (host, port) = {
                 let config = world.nodes[to].node.config();
                 (config.host.clone(), config.port)
@@ -328,6 +350,7 @@ fn fail_over(world: &mut World, old: usize, manual: bool, hold_us: Micros) {
             primary,
             members,
             generation,
+            ..
         } => {
             let candidates: Vec<usize> = members.iter().copied().filter(|&n| n != old).collect();
             let Some(new) = best_replica(world, &candidates) else {
@@ -364,7 +387,14 @@ fn fail_over(world: &mut World, old: usize, manual: bool, hold_us: Micros) {
                 } else {
                     world.rng.range(0, 300_000)
                 } as Micros;
-                world.schedule_action(now + delay, Action::Announce { sentinel, to: new });
+                world.schedule_action(
+                    now + delay,
+                    Action::Announce {
+                        sentinel,
+                        to: new,
+                        epoch: *generation,
+                    },
+                );
             }
         }
         DeployState::Cluster {

@@ -208,10 +208,12 @@ pub enum Action {
         node: usize,
         to: usize,
     },
-    /// A sentinel announces `+switch-master` to `to`.
+    /// A sentinel announces `+switch-master` to `to`, the primary of the
+    /// failover of configuration epoch `epoch`.
     Announce {
         sentinel: usize,
         to: usize,
+        epoch: u64,
     },
     /// Messages are no longer lost, late or much delayed.
     CalmNetwork,
