@@ -38,6 +38,10 @@ pub struct Facts {
     /// Lock keys a renewal brought back where they were gone (when, node,
     /// key): read from the simulated nodes around each `RENEW`.
     pub renewal_created: Vec<(Micros, String, String)>,
+    /// Sentinels' `+switch-master` announcements: (when, the node named).
+    pub announced: Vec<(Micros, usize)>,
+    /// Until when replies may be lost or requests late (0: never).
+    pub lossy_net_until: Micros,
 }
 
 pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
@@ -50,6 +54,7 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     starvation(rec, facts, &mut violations);
     starved_sets(rec, facts, &mut violations);
     fair_order(rec, facts, &mut violations);
+    stuck_after_switch(rec, facts, &mut violations);
     expired_grants(rec, facts, &mut violations);
     for call in &rec.calls {
         if let Some(Outcome::Config(message)) = &call.outcome {
@@ -447,6 +452,68 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                 });
             }
         }
+    }
+}
+
+/// A call that got no answer within its deadline though, from before half
+/// of it, Sentinel had named a primary that answered until the call ended:
+/// a call unanswered at half its deadline is sent again where calls go now
+/// (design §15: the client hears `+switch-master`, and the call waiting on
+/// a stalled old primary moves to the promoted replica). Judged only on a
+/// network that loses no reply meanwhile, with the client not paused.
+fn stuck_after_switch(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    if facts.announced.is_empty() {
+        return;
+    }
+    let up = |node: usize, from: Micros, to: Micros| {
+        !facts
+            .outages
+            .get(&node)
+            .is_some_and(|outages| outages.iter().any(|&(a, b)| a < to && b > from))
+    };
+    for call in &rec.calls {
+        let (Some(end), Some(Outcome::Redis(message))) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if !message.contains("no answer within")
+            || call.start < facts.lossy_net_until
+            || paused_during(facts, call, end)
+        {
+            continue;
+        }
+        let half = call.start + call.deadline / 2;
+        // The primary named last before the call ended, and when it was
+        // first named since the one before.
+        let Some(&(_, named)) = facts.announced.iter().rev().find(|(at, _)| *at <= end) else {
+            continue;
+        };
+        let Some(&(since, _)) = facts
+            .announced
+            .iter()
+            .filter(|(at, _)| *at <= end)
+            .rev()
+            .take_while(|(_, node)| *node == named)
+            .last()
+        else {
+            continue;
+        };
+        if since + facts.max_delay + 5_000 > half || !up(named, since, end) {
+            continue;
+        }
+        violations.push(Violation {
+            kind: "stuck",
+            text: format!(
+                "call #{} (c{}.t{} {} {}) [{:.3} ms, {:.3} ms] got no answer within its deadline though Sentinel named node {named} from {:.3} ms, before half of it, and that node answered until the call ended",
+                call.id,
+                call.client,
+                call.task,
+                call.op,
+                crate::history::keys_text(&call.keys),
+                call.start as f64 / 1000.0,
+                end as f64 / 1000.0,
+                since as f64 / 1000.0
+            ),
+        });
     }
 }
 

@@ -329,6 +329,8 @@ pub fn act(world: &mut World, action: Action) {
                 sentinel + 1,
                 world.nodes[to].name
             ));
+            let now = world.now();
+            world.announced.push((now, to));
             let deliveries = world.sentinels[sentinel]
                 .node
                 .switch_master(MASTER, &host, port);

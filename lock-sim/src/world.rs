@@ -297,6 +297,8 @@ pub struct World {
     /// gone: (when, node, key). A released or expired lock is never
     /// extended again (design §5); the checkers report each.
     pub renewal_created: Vec<(Micros, String, String)>,
+    /// Sentinels' `+switch-master` announcements: (when, the node named).
+    pub announced: Vec<(Micros, usize)>,
 }
 
 impl World {
@@ -328,6 +330,7 @@ impl World {
             trace: false,
             scripts: BTreeMap::new(),
             renewal_created: Vec::new(),
+            announced: Vec::new(),
         }
     }
 
