@@ -40,8 +40,10 @@ pub struct Facts {
     pub renewal_created: Vec<(Micros, String, String)>,
     /// Sentinels' `+switch-master` announcements: (when, the node named).
     pub announced: Vec<(Micros, usize)>,
-    /// Until when replies may be lost or requests late (0: never).
-    pub lossy_net_until: Micros,
+    /// Connections that stopped answering (a lost reply, a late request):
+    /// (when, whose client). Nothing tells a client so until a call on the
+    /// connection runs out its deadline.
+    pub silenced: Vec<(Micros, usize)>,
 }
 
 pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
@@ -459,8 +461,10 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
 /// of it, Sentinel had named a primary that answered until the call ended:
 /// a call unanswered at half its deadline is sent again where calls go now
 /// (design §15: the client hears `+switch-master`, and the call waiting on
-/// a stalled old primary moves to the promoted replica). Judged only on a
-/// network that loses no reply meanwhile, with the client not paused.
+/// a stalled old primary moves to the promoted replica). Not judged for a
+/// client with a connection that stopped answering before (a lost reply:
+/// the next call on it waits out its deadline wherever it goes), or
+/// paused.
 fn stuck_after_switch(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
     if facts.announced.is_empty() {
         return;
@@ -475,10 +479,11 @@ fn stuck_after_switch(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violat
         let (Some(end), Some(Outcome::Redis(message))) = (call.end, &call.outcome) else {
             continue;
         };
-        if !message.contains("no answer within")
-            || call.start < facts.lossy_net_until
-            || paused_during(facts, call, end)
-        {
+        let silenced = facts
+            .silenced
+            .iter()
+            .any(|&(at, client)| client == call.client && at <= end);
+        if !message.contains("no answer within") || silenced || paused_during(facts, call, end) {
             continue;
         }
         let half = call.start + call.deadline / 2;

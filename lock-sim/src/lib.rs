@@ -262,14 +262,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
             hung,
             renewal_created: world.renewal_created.clone(),
             announced: world.announced.clone(),
-            lossy_net_until: if plan.net.lost_reply_per_mille > 0 || plan.net.late_per_mille > 0 {
-                plan.faults
-                    .iter()
-                    .find(|(_, action)| matches!(action, crate::world::Action::CalmNetwork))
-                    .map_or(Micros::MAX, |(at, _)| *at)
-            } else {
-                0
-            },
+            silenced: world.silenced.clone(),
         };
         let violations = checkers::check(&world.rec, &facts);
         for violation in &violations {

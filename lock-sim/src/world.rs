@@ -299,6 +299,9 @@ pub struct World {
     pub renewal_created: Vec<(Micros, String, String)>,
     /// Sentinels' `+switch-master` announcements: (when, the node named).
     pub announced: Vec<(Micros, usize)>,
+    /// Connections that stopped answering (a lost reply, a late request):
+    /// (when, whose client).
+    pub silenced: Vec<(Micros, usize)>,
 }
 
 impl World {
@@ -331,6 +334,7 @@ impl World {
             scripts: BTreeMap::new(),
             renewal_created: Vec::new(),
             announced: Vec::new(),
+            silenced: Vec::new(),
         }
     }
 
@@ -516,6 +520,12 @@ impl World {
             }
     }
 
+    fn silenced(&mut self, conn: u64) {
+        let client = self.conns[&conn].client;
+        let now = self.now();
+        self.silenced.push((now, client));
+    }
+
     pub fn connect_delay(&mut self) -> Duration {
         let there = self.delay();
         let back = self.delay();
@@ -607,6 +617,7 @@ impl World {
             self.schedule(late, Event::Late { target, commands });
             self.count("late requests");
             self.conns.get_mut(&id).expect("open").silent = true;
+            self.silenced(id);
             return;
         }
         let delay = self.delay();
@@ -626,6 +637,7 @@ impl World {
             batch.reply = None;
             self.schedule(arrive, Event::Arrive { conn: id, batch });
             self.conns.get_mut(&id).expect("open").silent = true;
+            self.silenced(id);
             self.count("lost replies");
             return;
         }

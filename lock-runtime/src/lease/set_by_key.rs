@@ -514,7 +514,21 @@ async fn finish(
 ) -> Result<Finished, LockError> {
     let first = members[0];
     if first.settings.fencing {
-        if let Err(error) = raise_fences(first, &guards).await {
+        // Part of the acquisition: within one call deadline of its wait's
+        // end (of its start, for a try), as its attempts are (lock-sim
+        // sentinel seed 6035: a set's try 740 ms against a 680 ms bound,
+        // the write-back a whole deadline after the keys).
+        let call_deadline = first.core.call_deadline();
+        let until = first.deadline.unwrap_or(started).max(started) + call_deadline;
+        let raised = match tokio::time::timeout_at(until, raise_fences(first, &guards)).await {
+            Ok(raised) => raised,
+            Err(_elapsed) => Err(LockError::redis(
+                first.name,
+                "fencing write-back",
+                crate::transport::timed_out(call_deadline),
+            )),
+        };
+        if let Err(error) = raised {
             not_handed_out(&guards);
             return Err(error);
         }
