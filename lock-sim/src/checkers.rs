@@ -461,7 +461,8 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
 /// of it, Sentinel had named a primary that answered until the call ended:
 /// a call unanswered at half its deadline is sent again where calls go now
 /// (design §15: the client hears `+switch-master`, and the call waiting on
-/// a stalled old primary moves to the promoted replica). Not judged for a
+/// a stalled old primary moves to the promoted replica; an acquisition
+/// after the hold-back that follows a switch). Not judged for a
 /// client with a connection that stopped answering before (a lost reply:
 /// the next call on it waits out its deadline wherever it goes), or
 /// paused.
@@ -502,7 +503,15 @@ fn stuck_after_switch(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violat
         else {
             continue;
         };
-        if since + facts.max_delay + 5_000 > half || !up(named, since, end) {
+        // An acquisition learning of a switch is held back first, up to
+        // half its deadline (design §15, `GRACE`): the holders of locks the
+        // new primary lacks are told first.
+        let held_back = if matches!(call.op, "acquire" | "try" | "run") {
+            (call.deadline / 2).min(500_000)
+        } else {
+            0
+        };
+        if since + facts.max_delay + 5_000 + held_back > half || !up(named, since, end) {
             continue;
         }
         violations.push(Violation {
