@@ -310,8 +310,14 @@ impl Acquisition<'_> {
 
     /// One attempt, without waiting.
     pub(crate) async fn once(&self) -> Result<LockGuard, LockError> {
+        self.once_until(None).await
+    }
+
+    /// [`once`](Self::once), its calls ending by `until` (a set's key
+    /// tried after others: the set's try ends within one call deadline).
+    pub(crate) async fn once_until(&self, until: Option<Instant>) -> Result<LockGuard, LockError> {
         let token = self.core.new_token()?;
-        match self.first_attempt(&token).await? {
+        match self.first_attempt(&token, until).await? {
             Taken::Guard(guard) => Ok(guard),
             // The token moves into the hold (no copy of it is made).
             Taken::Plain(taken) => Ok(self.guard(token, taken)),
@@ -322,7 +328,7 @@ impl Acquisition<'_> {
     /// takes gets the acquisition's keys, not a copy of them.
     pub(crate) async fn once_final(mut self) -> Result<LockGuard, LockError> {
         let token = self.core.new_token()?;
-        match self.first_attempt(&token).await? {
+        match self.first_attempt(&token, None).await? {
             Taken::Guard(guard) => Ok(guard),
             Taken::Plain(taken) => {
                 let keys = std::mem::take(&mut self.keys);
@@ -334,10 +340,10 @@ impl Acquisition<'_> {
     /// The attempt of [`once`](Self::once) with `token`. A lock taken
     /// with the token as its value is left to the caller to make a guard
     /// of; one whose value is another (a shared kind's) comes as a guard.
-    async fn first_attempt(&self, token: &str) -> Result<Taken, LockError> {
+    async fn first_attempt(&self, token: &str, until: Option<Instant>) -> Result<Taken, LockError> {
         let mut unknown = Unknown::new(self, token);
         match self
-            .attempt(&mut unknown, "", false, self.fair(), None)
+            .attempt(&mut unknown, "", false, self.fair(), None, until)
             .await?
         {
             Attempt::Acquired(fence, found, None) => {
@@ -420,7 +426,7 @@ impl Acquisition<'_> {
             let notified = subscription
                 .as_ref()
                 .map(crate::backend::Subscription::notified);
-            let attempt = self.attempt(&mut unknown, &member, true, respect, Some(&line));
+            let attempt = self.attempt(&mut unknown, &member, true, respect, Some(&line), None);
             let expires_in = match attempt.await {
                 Ok(Attempt::Acquired(fence, found, holds)) => {
                     place.left = true; // the acquire script took it out of the queue
@@ -503,10 +509,11 @@ impl Acquisition<'_> {
         member: &str,
         respect: Respect,
         place: &WaitPlace,
+        until: Option<Instant>,
     ) -> Result<InLine, LockError> {
         let mut unknown = Unknown::new(self, token);
         match self
-            .attempt(&mut unknown, member, true, respect, Some(place))
+            .attempt(&mut unknown, member, true, respect, Some(place), until)
             .await?
         {
             Attempt::Acquired(fence, found, holds) => {
@@ -609,6 +616,7 @@ impl Acquisition<'_> {
         join_queue: bool,
         respect_queue: Respect,
         place: Option<&WaitPlace>,
+        until: Option<Instant>,
     ) -> Result<Attempt, LockError> {
         // Until an answer comes, this attempt may have taken the lock.
         let earlier_unknown = unknown.sent();
@@ -627,7 +635,7 @@ impl Acquisition<'_> {
             mine: earlier_unknown,
             waiter_timeout_ms: WAITER_TIMEOUT.as_millis() as u64,
             place,
-            until: None,
+            until,
         };
         let backend = self.core.backend();
         let reply = match backend.as_redis() {
