@@ -108,6 +108,18 @@ fn excused(facts: &Facts, a: &Hold, b: &Hold) -> bool {
         .any(|&(lost_from, lost_to)| lost_from <= to && lost_to + 1_000_000 >= from)
 }
 
+/// A call, as violations name it: `call #id (cC.tT op keys)`.
+fn call_text(call: &Call) -> String {
+    format!(
+        "call #{} (c{}.t{} {} {})",
+        call.id,
+        call.client,
+        call.task,
+        call.op,
+        crate::history::keys_text(&call.keys)
+    )
+}
+
 fn describe(hold: &Hold) -> String {
     format!(
         "#{} (c{}.t{}, {} [{:.3} ms, {:.3} ms), ended by {})",
@@ -263,12 +275,8 @@ fn bounds(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             violations.push(Violation {
                 kind: "bound",
                 text: format!(
-                    "call #{} (c{}.t{} {} {}) took {:.3} ms, more than its wait and one call deadline allow ({:.3} ms); it ended {:?}",
-                    call.id,
-                    call.client,
-                    call.task,
-                    call.op,
-                    crate::history::keys_text(&call.keys),
+                    "{} took {:.3} ms, more than its wait and one call deadline allow ({:.3} ms); it ended {:?}",
+                    call_text(call),
                     (end - call.start) as f64 / 1000.0,
                     bound as f64 / 1000.0,
                     outcome
@@ -365,12 +373,8 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             violations.push(Violation {
                 kind: "wrong-error",
                 text: format!(
-                    "call #{} (c{}.t{} {} {}) ended {:?} though too few of its nodes answered for the whole call [{:.3} ms, {:.3} ms]: an error of Redis, not busy",
-                    call.id,
-                    call.client,
-                    call.task,
-                    call.op,
-                    crate::history::keys_text(&call.keys),
+                    "{} ended {:?} though too few of its nodes answered for the whole call [{:.3} ms, {:.3} ms]: an error of Redis, not busy",
+                    call_text(call),
                     outcome,
                     call.start as f64 / 1000.0,
                     end as f64 / 1000.0
@@ -517,12 +521,8 @@ fn stuck_after_switch(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violat
         violations.push(Violation {
             kind: "stuck",
             text: format!(
-                "call #{} (c{}.t{} {} {}) [{:.3} ms, {:.3} ms] got no answer within its deadline though Sentinel named node {named} from {:.3} ms, before half of it, and that node answered until the call ended",
-                call.id,
-                call.client,
-                call.task,
-                call.op,
-                crate::history::keys_text(&call.keys),
+                "{} [{:.3} ms, {:.3} ms] got no answer within its deadline though Sentinel named node {named} from {:.3} ms, before half of it, and that node answered until the call ended",
+                call_text(call),
                 call.start as f64 / 1000.0,
                 end as f64 / 1000.0,
                 since as f64 / 1000.0
@@ -747,12 +747,8 @@ fn expired_grants(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>
         violations.push(Violation {
             kind: "expired-grant",
             text: format!(
-                "call #{} (c{}.t{} {} {}) returned a lock at {:.3} ms whose validity had ended at {:.3} ms",
-                call.id,
-                call.client,
-                call.task,
-                call.op,
-                crate::history::keys_text(&call.keys),
+                "{} returned a lock at {:.3} ms whose validity had ended at {:.3} ms",
+                call_text(call),
                 end as f64 / 1000.0,
                 until as f64 / 1000.0
             ),
