@@ -428,10 +428,62 @@ impl RedisBackend {
     /// [`Backend::acquire`], called directly: the lock's own calls on one
     /// server, a cluster or Sentinel go here without the trait's box (see
     /// [`Backend::as_redis`]).
-    pub(crate) async fn acquire(
+    pub(crate) async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
+        let Some(switches) = &self.switches else {
+            return self.acquire_now(request).await;
+        };
+        // The switches learned of from here on: the hold-back below sees
+        // those learned before it, `held_back_after` those learned while
+        // the attempt ran.
+        let seen = (switches.current(), Instant::now());
+        let (keys, until) = (request.keys, request.until);
+        let outcome = self.acquire_now(request).await;
+        match outcome {
+            Ok(Acquire::Acquired { .. }) if switches.current() != seen.0 => {
+                let bound = until.unwrap_or(seen.1 + self.connection.deadline());
+                Box::pin(self.held_back_after(keys, bound, outcome)).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// A lock taken by an attempt that learned of a switch of its primary
+    /// while it ran (a `MOVED`, the slot map fetched, the call sent again to
+    /// the promoted replica; Sentinel naming another primary) is held back
+    /// as an attempt sent after the switch is (`acquire_now`): returned
+    /// once the hold-back is over, the holders of the locks the new
+    /// primary lacks told meanwhile. Sent at once, such a retry took a
+    /// lock on the new primary while the holder of its copy on the old one
+    /// was still in its section (two sections overlapped after `CLUSTER
+    /// FAILOVER FORCE`, design §15). A hold-back that would end past the
+    /// attempt's `bound` (the switch learned late in it) ends the attempt
+    /// there without an answer, as a call held back past its deadline:
+    /// the lock it may hold is the acquisition's to find or give back.
+    async fn held_back_after<T>(
         &self,
-        mut request: AcquireRequest<'_>,
-    ) -> Result<Acquire, LockError> {
+        keys: &LockKeys,
+        bound: Instant,
+        outcome: Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        let slot = || self.cluster.then(|| slots::slot(&keys.lock));
+        let Some(until) = self.held_back(slot) else {
+            return outcome;
+        };
+        tokio::time::sleep_until(until.min(bound)).await;
+        if until > bound {
+            return Err(LockError::redis_at(
+                keys.name(),
+                "acquire",
+                &self.server,
+                crate::transport::timed_out(self.connection.deadline()),
+            ));
+        }
+        outcome
+    }
+
+    /// [`acquire`](Self::acquire), the switches learned of during the
+    /// attempt aside.
+    async fn acquire_now(&self, mut request: AcquireRequest<'_>) -> Result<Acquire, LockError> {
         // Just after a switch of primary (boxed: a rare wait that must not
         // size the common path's future). The hold-back is part of the
         // attempt: its calls end within one deadline of its start.
@@ -697,24 +749,40 @@ impl Backend for RedisBackend {
             // The hold-back is part of the attempt: it ends within one
             // deadline of its start (as `acquire`; lock-sim sentinel seed
             // 112: a set's attempt 1.48 s against 1.24 s).
+            let seen = self
+                .switches
+                .as_ref()
+                .map(|switches| (switches.current(), Instant::now()));
             let mut ends = None;
             if let Some(until) = self.held_back(slot) {
                 ends = Some(Instant::now() + self.connection.deadline());
                 tokio::time::sleep_until(until).await;
             }
-            self.call_until(
-                name,
-                "acquire",
-                ends,
-                |mut connection, attempt| async move {
-                    let retry = AcquireAllRequest {
-                        mine: request.mine || attempt > 0,
-                        ..request
-                    };
-                    self.acquire_all_script(&mut connection, &retry).await
-                },
-            )
-            .await
+            let outcome = self
+                .call_until(
+                    name,
+                    "acquire",
+                    ends,
+                    |mut connection, attempt| async move {
+                        let retry = AcquireAllRequest {
+                            mine: request.mine || attempt > 0,
+                            ..request
+                        };
+                        self.acquire_all_script(&mut connection, &retry).await
+                    },
+                )
+                .await;
+            // A switch learned of while the attempt ran (see `acquire`).
+            match (seen, &self.switches, request.keys.first()) {
+                (Some((count, started)), Some(switches), Some(first))
+                    if matches!(outcome, Ok(AcquireAll::Acquired { .. }))
+                        && switches.current() != count =>
+                {
+                    let bound = started + self.connection.deadline();
+                    self.held_back_after(first, bound, outcome).await
+                }
+                _ => outcome,
+            }
         })
     }
 

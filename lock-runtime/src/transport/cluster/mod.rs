@@ -166,10 +166,13 @@ impl Router {
             .retain(|node, _| ranges.iter().any(|(_, _, primary)| primary == node));
         self.map_digest.store(digest(&ranges), Ordering::Release);
         let table = Arc::new(self.build(ranges)?);
-        self.table.store(Some(Arc::clone(&table)));
+        // The switch counted before any call is routed by the new map: an
+        // acquisition routed by it to a promoted replica is held back
+        // (`RedisBackend::acquire`).
         if let Some(switches) = &self.switches {
             switches.map_seen(&table.ranges);
         }
+        self.table.store(Some(Arc::clone(&table)));
         Ok(table)
     }
 
