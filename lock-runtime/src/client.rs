@@ -947,6 +947,39 @@ impl Client {
             .map_or(0, |keys| self.inner.core.cohorts().waiting(&keys.lock))
     }
 
+    /// Simulation (feature `simulation`, not a public API): the number of
+    /// the last switch of primary this client learned of, changing as it
+    /// learns of each (`None` on one server or a quorum): for the
+    /// simulation's checkers.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn switches_learned(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner
+            .core
+            .backend()
+            .switches()
+            .map(|switches| switches.subscribe())
+    }
+
+    /// Simulation (feature `simulation`, not a public API): whether the
+    /// switch numbered `number` that this client learned of concerns the
+    /// lock `name` (on a cluster, its key's slot; every key with Sentinel).
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn switch_concerns(&self, number: u64, name: &str) -> bool {
+        let Some(switches) = self.inner.core.backend().switches() else {
+            return false;
+        };
+        let Ok(keys) = LockKeys::new(self.key_prefix(), name, "") else {
+            return false;
+        };
+        let slot = crate::transport::cluster::slots::slot(&keys.lock);
+        switches
+            .since(number.saturating_sub(1))
+            .first()
+            .is_some_and(|switch| switch.number == number && switch.concerns(Some(slot)))
+    }
+
     /// What this client's leases share: its backend, renewal driver,
     /// notifier and cohorts.
     pub(crate) fn core(&self) -> &Arc<Core> {

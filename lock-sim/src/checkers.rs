@@ -44,6 +44,9 @@ pub struct Facts {
     /// (when, whose client). Nothing tells a client so until a call on the
     /// connection runs out its deadline.
     pub silenced: Vec<(Micros, usize)>,
+    /// Switches of primary the clients learned of: (when, whose client,
+    /// the lock names the switch concerns).
+    pub learned: Vec<(Micros, usize, Vec<String>)>,
 }
 
 pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
@@ -57,6 +60,7 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     starved_sets(rec, facts, &mut violations);
     fair_order(rec, facts, &mut violations);
     stuck_after_switch(rec, facts, &mut violations);
+    held_back(rec, facts, &mut violations);
     expired_grants(rec, facts, &mut violations);
     for call in &rec.calls {
         if let Some(Outcome::Config(message)) = &call.outcome {
@@ -100,12 +104,74 @@ pub fn check(rec: &Recorder, facts: &Facts) -> Vec<Violation> {
     violations
 }
 
-fn excused(facts: &Facts, a: &Hold, b: &Hold) -> bool {
+/// Whether the overlap of `a` and `b` is one the library allows: near a
+/// window in which a failover or a restart may have lost writes (within a
+/// second after it), unless the library's own account of failovers rules
+/// it out (`told_in_time`).
+fn excused(rec: &Recorder, facts: &Facts, a: &Hold, b: &Hold) -> bool {
     let (from, to) = (a.start.min(b.start), a.end.max(b.end));
     facts
         .lossy
         .iter()
-        .any(|&(lost_from, lost_to)| lost_from <= to && lost_to + 1_000_000 >= from)
+        .filter(|&&(lost_from, lost_to)| lost_from <= to && lost_to + 1_000_000 >= from)
+        .any(|&(lost_from, _)| !told_in_time(rec, facts, a, b, lost_from))
+}
+
+/// Whether the library's account of a failover leaves no room for `a` and
+/// `b` to overlap after the one that began at `lost_from` (design §15):
+/// when the holders' clients learned of a switch concerning the key close
+/// enough together, the one whose lock the new primary lacks is told
+/// (its renewal on the switch finds the key gone or another's: at most
+/// half the hold-back, then a round trip) before the other's acquisition,
+/// held back for `GRACE` after its client learned of the switch, is
+/// granted. Both holds renewed (an unrenewed holder is never told), both
+/// clients running before the failover (a client's first route is no
+/// switch), neither paused nor with a connection that stopped answering
+/// (its renewal may go unanswered).
+fn told_in_time(rec: &Recorder, facts: &Facts, a: &Hold, b: &Hold, lost_from: Micros) -> bool {
+    if !(a.renewed && b.renewed) {
+        return false;
+    }
+    let overlap_to = a.end.min(b.end);
+    let learned = |client: usize| {
+        facts
+            .learned
+            .iter()
+            .find(|(at, whose, names)| {
+                *whose == client && *at >= lost_from && names.contains(&a.key)
+            })
+            .map(|(at, _, _)| *at)
+    };
+    let (Some(learned_a), Some(learned_b)) = (learned(a.client), learned(b.client)) else {
+        return false;
+    };
+    let deadline = |hold: &Hold| rec.calls.get(hold.call).map_or(0, |call| call.deadline);
+    let ran_before = |client: usize| {
+        rec.calls
+            .iter()
+            .any(|call| call.client == client && call.start < lost_from)
+    };
+    let disturbed = |client: usize, deadline: Micros| {
+        let paused = facts.pauses.get(&client).is_some_and(|pauses| {
+            pauses
+                .iter()
+                .any(|&(from, to)| from < overlap_to && to + deadline > lost_from)
+        });
+        paused
+            || facts.silenced.iter().any(|&(at, whose)| {
+                whose == client && at < overlap_to && at + 2 * deadline > lost_from
+            })
+    };
+    if !ran_before(a.client)
+        || !ran_before(b.client)
+        || disturbed(a.client, deadline(a))
+        || disturbed(b.client, deadline(b))
+    {
+        return false;
+    }
+    let grace = (deadline(a).min(deadline(b)) / 2).min(500_000);
+    let tell = grace / 2 + 4 * facts.max_delay + 20_000;
+    (learned_a - learned_b).abs() + tell <= grace
 }
 
 /// A call, as violations name it: `call #id (cC.tT op keys)`.
@@ -166,7 +232,7 @@ fn overlaps(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                         Mode::Permits { permits, .. } => permits,
                         _ => 0,
                     };
-                if used > capacity && !beside.iter().any(|other| excused(facts, other, hold)) {
+                if used > capacity && !beside.iter().any(|other| excused(rec, facts, other, hold)) {
                     violations.push(Violation {
                         kind: "overlap",
                         text: format!(
@@ -186,7 +252,7 @@ fn overlaps(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                     continue;
                 }
                 let both_read = a.mode == Mode::Read && b.mode == Mode::Read;
-                if both_read || excused(facts, a, b) {
+                if both_read || excused(rec, facts, a, b) {
                     continue;
                 }
                 violations.push(Violation {
@@ -457,6 +523,62 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                     ),
                 });
             }
+        }
+    }
+}
+
+/// A lock granted less than the hold-back after its client learned of a
+/// switch of primary that concerns it (design §15, "Acquisitions, held
+/// back"): for `GRACE` (at most half a call deadline) after learning of a
+/// switch, a client sends no acquisition of a key it concerns, and one in
+/// flight when it learns (a `MOVED`, the map fetched, the call sent again
+/// to the promoted replica) returns its lock only once the hold-back is
+/// over, so that the holders of the locks the new primary lacks are told
+/// first. A lock granted at the instant its client learned was taken
+/// before (its reply and the news came together). Not judged: a lock
+/// passed on in the process (granted as a holder
+/// of its client stopped using it, or let go of it) or re-entered (no
+/// call).
+fn held_back(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
+    for call in &rec.calls {
+        let (Some(granted), Some(Outcome::Ok)) = (call.end, &call.outcome) else {
+            continue;
+        };
+        if call.reentrant || !matches!(call.op, "acquire" | "try" | "run") {
+            continue;
+        }
+        let grace = (call.deadline / 2).min(500_000);
+        for (key, _) in &call.keys {
+            let learned = facts.learned.iter().find(|(at, client, names)| {
+                *client == call.client
+                    && *at < granted
+                    && granted < at + grace
+                    && names.contains(key)
+            });
+            let Some((at, _, _)) = learned else {
+                continue;
+            };
+            let passed = rec.holds.iter().any(|hold| {
+                hold.client == call.client
+                    && hold.key == *key
+                    && hold.call != call.id
+                    && ((hold.end - granted).abs() <= 1_000
+                        || (hold.let_go - granted).abs() <= 1_000)
+            });
+            if passed {
+                continue;
+            }
+            violations.push(Violation {
+                kind: "hold-back",
+                text: format!(
+                    "{} was granted {key} at {:.3} ms, {:.3} ms after its client learned of a switch of primary concerning it ({:.3} ms), within the hold-back ({:.3} ms)",
+                    call_text(call),
+                    granted as f64 / 1000.0,
+                    (granted - at) as f64 / 1000.0,
+                    *at as f64 / 1000.0,
+                    grace as f64 / 1000.0
+                ),
+            });
         }
     }
 }

@@ -123,6 +123,8 @@ pub struct Hold {
     /// dropped).
     pub released: Option<Outcome>,
     pub why_ended: &'static str,
+    /// Renewed (`renew`): its holder is told of a loss its renewals find.
+    pub renewed: bool,
     /// When its holder let go of it (its release returned, its guard or
     /// `run` was dropped): in its process it is held until then.
     pub let_go: Micros,

@@ -35,6 +35,7 @@ pub use deploy::Backend;
 
 use crate::checkers::Facts;
 use crate::plan::Plan;
+pub use crate::plan::RunKind;
 use crate::rng::Rng;
 use crate::workload::Env;
 use crate::world::{Micros, Shared, World};
@@ -113,8 +114,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
     let mut rng = Rng::new(seed ^ scenario_salt(scenario));
     // One run in five is a contention run (`Plan::contended`), drawn apart
     // so that the other runs' plans do not depend on it.
-    let contended = contended(scenario, seed);
-    let plan = Plan::new(backend, &mut rng, contended);
+    let plan = Plan::new(backend, &mut rng, run_kind(scenario, seed));
     let mut world = World::new(rng.fork(), plan.net.clone(), plan.epoch_us);
     world.trace = trace;
     let mut build_rng = rng.fork();
@@ -160,6 +160,38 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
         clients.push(made);
         deadlines.push((client.connect_timeout + client.response_timeout).as_micros() as Micros);
     }
+    // When each client learns of a switch of primary, and which locks it
+    // concerns (the overlap checker's account of who was told when).
+    let mut learners = Vec::new();
+    for (at, client) in clients.iter().enumerate() {
+        let Some(mut learned) = client.switches_learned() else {
+            continue;
+        };
+        let (client, shared) = (client.clone(), Arc::clone(&shared));
+        let mut names = plan.names.exclusive.clone();
+        names.push(plan.names.rw.clone());
+        names.push(plan.names.semaphore.clone());
+        learners.push(tokio::task::spawn_local(async move {
+            let mut seen = *learned.borrow_and_update();
+            while learned.changed().await.is_ok() {
+                let number = *learned.borrow_and_update();
+                let concerned: Vec<String> = names
+                    .iter()
+                    .filter(|name| (seen + 1..=number).any(|n| client.switch_concerns(n, name)))
+                    .cloned()
+                    .collect();
+                seen = number;
+                shared.with(|world| {
+                    let now = world.now();
+                    world.note(format!(
+                        "c{at} learned of switch #{number} (concerning {})",
+                        concerned.join(" ")
+                    ));
+                    world.learned.push((now, at, concerned));
+                });
+            }
+        }));
+    }
     let env = Arc::new(Env {
         shared: Arc::clone(&shared),
         clients,
@@ -201,6 +233,9 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
         }
     }
     let finished = shared.with(|world| world.now());
+    for learner in learners {
+        learner.abort();
+    }
     drop(env);
     // Everyone finished: every ttl, queue place, fence and holder record
     // expires within this.
@@ -263,6 +298,7 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
             renewal_created: world.renewal_created.clone(),
             announced: world.announced.clone(),
             silenced: world.silenced.clone(),
+            learned: world.learned.clone(),
         };
         let violations = checkers::check(&world.rec, &facts);
         for violation in &violations {
@@ -286,10 +322,27 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
 }
 
 const CONTENTION_SALT: u64 = 0xc0_47e7_7104;
+const SWITCHING_SALT: u64 = 0x5e1f_c4ed;
 
 /// Whether `seed` of `scenario` is a contention run (one in five).
 pub fn contended(scenario: &str, seed: u64) -> bool {
     Rng::new(seed ^ scenario_salt(scenario) ^ CONTENTION_SALT).chance(20)
+}
+
+/// The kind of the run of `seed` in `scenario`: one in five a contention
+/// run; with Sentinel or a Cluster, one in four of the others a switching
+/// run (`Plan::switching`). Drawn apart from the plan, so that the other
+/// runs' plans do not depend on it.
+pub fn run_kind(scenario: &str, seed: u64) -> RunKind {
+    if contended(scenario, seed) {
+        RunKind::Contended
+    } else if matches!(scenario, "sentinel" | "cluster")
+        && Rng::new(seed ^ scenario_salt(scenario) ^ SWITCHING_SALT).chance(25)
+    {
+        RunKind::Switching
+    } else {
+        RunKind::Mixed
+    }
 }
 
 fn scenario_salt(scenario: &str) -> u64 {

@@ -78,10 +78,10 @@ fn main() {
                         failed += 1;
                         println!(
                             "FAILED seed {seed} scenario {scenario}{}: {} violation(s)",
-                            if lock_sim::contended(scenario, seed) {
-                                " (contention run)"
-                            } else {
-                                ""
+                            match lock_sim::run_kind(scenario, seed) {
+                                lock_sim::RunKind::Contended => " (contention run)",
+                                lock_sim::RunKind::Switching => " (switching run)",
+                                lock_sim::RunKind::Mixed => "",
                             },
                             report.violations.len()
                         );

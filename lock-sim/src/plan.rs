@@ -41,17 +41,31 @@ pub struct Plan {
     pub roles: Vec<Vec<Role>>,
 }
 
+/// What a run is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunKind {
+    /// Every primitive and option, with faults.
+    Mixed,
+    /// Quick lockers of a few keys and sets of them, no faults
+    /// ([`Plan::contended`]).
+    Contended,
+    /// Quick renewed lockers of one shard through failovers
+    /// ([`Plan::switching`]).
+    Switching,
+}
+
 const MS: Micros = 1000;
 const S: Micros = 1_000_000;
 
 impl Plan {
-    /// A run's plan; `contended`: a contention run instead (below).
-    pub fn new(backend: Backend, rng: &mut Rng, contended: bool) -> Plan {
+    /// A run's plan of kind `kind`: a mixed run, or one of the focused
+    /// runs below.
+    pub fn new(backend: Backend, rng: &mut Rng, kind: RunKind) -> Plan {
         let plan = Plan::mixed(backend, rng);
-        if contended {
-            plan.contended(rng)
-        } else {
-            plan
+        match kind {
+            RunKind::Mixed => plan,
+            RunKind::Contended => plan.contended(rng),
+            RunKind::Switching => plan.switching(rng),
         }
     }
 
@@ -360,6 +374,125 @@ impl Plan {
             self.max_ttl() + self.mix.wait_ms as Micros * MS + 2 * max_deadline + 3 * S;
         // Long enough for several set waits; progress is checked too.
         self.end = self.progress_bound + S;
+        self
+    }
+
+    /// A switching run (Sentinel and Cluster): quick renewed sections of
+    /// one or two keys of one shard, by tasks of three or four clients,
+    /// through one or two failovers of that shard's primary (a manual one
+    /// that leaves the old primary writable, a crash, a `CLUSTER FAILOVER
+    /// TAKEOVER`), with replication lagging a few milliseconds and no
+    /// other fault: a lock the new primary lacks while its holder is in
+    /// its section, and another client taking it there, need a failover
+    /// while a key changes hands hundreds of times a second, which the
+    /// mixed runs seldom have (the overlap after `CLUSTER FAILOVER FORCE`,
+    /// design §15 and §17).
+    fn switching(mut self, rng: &mut Rng) -> Plan {
+        let fair_ok = self.mix.fair_ok;
+        self.mix = Mix {
+            weights: [10, 0, 0, 0, 0],
+            fair_pct: if fair_ok { rng.range(0, 50) } else { 0 },
+            fencing_pct: rng.range(0, 50),
+            renew_pct: rng.range(80, 100),
+            hold_at_least_pct: 0,
+            wait_pct: rng.range(50, 100),
+            cancel_pct: 0,
+            ttl_ms: (300, 3_000),
+            wait_ms: 4_000,
+            steps: 1,
+            step_ms: rng.range(1, 100),
+            idle_ms: 0,
+            fair_ok,
+        };
+        self.names.exclusive = if self.backend == Backend::Cluster {
+            vec!["{t}x".to_owned(), "{t}y".to_owned()]
+        } else {
+            vec!["a".to_owned(), "b".to_owned()]
+        };
+        self.names
+            .exclusive
+            .truncate(if rng.chance(50) { 1 } else { 2 });
+        let clients = rng.range(3, 5) as usize;
+        while self.clients.len() < clients {
+            let more = ClientPlan {
+                seed: rng.next_u64(),
+                ..self.clients[0].clone()
+            };
+            self.clients.push(more);
+        }
+        self.clients.truncate(clients);
+        for client in &mut self.clients {
+            client.acknowledged = None;
+            client.tasks = rng.range(1, 2) as usize;
+        }
+        self.roles = self
+            .clients
+            .iter()
+            .map(|client| {
+                (0..client.tasks)
+                    .map(|_| {
+                        let at = rng.below(self.names.exclusive.len() as u64) as usize;
+                        Role::Single(self.names.exclusive[at].clone())
+                    })
+                    .collect()
+            })
+            .collect();
+        self.net.spike_per_mille = 0;
+        self.net.lost_reply_per_mille = 0;
+        self.net.late_per_mille = 0;
+        self.net.repl_max_us = rng.range(1_000, 30_000) as Micros;
+        // The shard of the keys ({t}: one slot), or Sentinel's primary.
+        let shard = {
+            let key = format!("lock:{{{}}}", self.names.exclusive[0]);
+            let slot = sim_redis::key_slot(key.as_bytes());
+            (slot / (sim_redis::SLOTS / 3)).min(2) as usize
+        };
+        let mut faults = vec![];
+        let mut summary = vec![];
+        let mut at = 0;
+        for _ in 0..rng.range(1, 2) {
+            at += rng.range(300, 2_500) as Micros * MS;
+            let action = match (self.backend, rng.below(3)) {
+                (Backend::Cluster, 0) => {
+                    faults.push((at, Action::Kill(2 * shard)));
+                    summary.push(format!("kill node {} at {at} for good", 2 * shard));
+                    break;
+                }
+                (Backend::Cluster, _) => Action::ClusterTakeover { shard },
+                (_, 0) => {
+                    faults.push((at, Action::Kill(0)));
+                    summary.push(format!("kill node 0 at {at} for good"));
+                    break;
+                }
+                _ => Action::ManualFailover {
+                    hold_us: rng.range(300, 3_000) as Micros * MS,
+                },
+            };
+            summary.push(format!("{action:?} at {at}"));
+            faults.push((at, action));
+        }
+        let failover = crate::deploy::failover_time(self.backend).as_micros() as Micros;
+        self.healed = at + 3 * S + failover;
+        faults.push((self.healed, Action::CalmNetwork));
+        self.faults = faults;
+        let total: usize = self.clients.iter().map(|c| c.tasks).sum();
+        summary.insert(
+            0,
+            format!(
+                "switching: {total} tasks on {:?} through failovers, replication lag up to {} us",
+                self.names.exclusive, self.net.repl_max_us
+            ),
+        );
+        self.summary = summary;
+        let max_deadline = self
+            .clients
+            .iter()
+            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
+            .max()
+            .unwrap_or(0);
+        self.progress_bound =
+            self.max_ttl() + self.mix.wait_ms as Micros * MS + 2 * max_deadline + 3 * S + failover;
+        self.end = self.healed + self.progress_bound + S;
         self
     }
 

@@ -280,10 +280,15 @@ fn contend(rng: &mut Rng, env: &Env, role: &Role) -> Op {
     } else {
         rng.range(1_000, mix.wait_ms)
     };
+    // Tries (a switching run's), again at once when busy.
+    // (No draw when every attempt waits: a contention run's draws stay as
+    // they were.)
+    let tries = !set && mix.wait_pct < 100 && !rng.chance(mix.wait_pct);
+    let wait = (!tries).then(|| Duration::from_millis(wait));
     Op {
         what,
         ttl: Duration::from_millis(rng.range(mix.ttl_ms.0, mix.ttl_ms.1)),
-        wait: Some(Duration::from_millis(wait)),
+        wait,
         renew: rng.chance(mix.renew_pct),
         fair: mix.fair_ok && rng.chance(mix.fair_pct),
         fencing: rng.chance(mix.fencing_pct),
@@ -362,7 +367,15 @@ impl Ctx<'_> {
             return Sample::Ended(until, "validity");
         }
         if held.iter().any(|lock| !lock.is_held()) {
-            return Sample::Ended(now, "loss");
+            // Ended when the library recorded the loss (the holder is told
+            // from then on), not when this body next looked.
+            let at = held
+                .iter()
+                .filter_map(|lock| lock.lost_at())
+                .map(|at| self.env.micros(at))
+                .min()
+                .map_or(now, |at| at.min(now));
+            return Sample::Ended(at, "loss");
         }
         Sample::Valid(until)
     }
@@ -573,6 +586,7 @@ impl Ctx<'_> {
                 fence,
                 released: Some(outcome),
                 why_ended: why,
+                renewed: held[0].is_renewed(),
                 let_go: env.now(),
             });
         }
@@ -695,6 +709,7 @@ impl Ctx<'_> {
             fence: seen.held.fencing_token(),
             released: Some(outcome),
             why_ended: why,
+            renewed: seen.held.is_renewed(),
             let_go: env.now(),
         });
     }
@@ -799,6 +814,7 @@ impl Ctx<'_> {
                 fence,
                 released: Some(outcome.clone()),
                 why_ended: why,
+                renewed: held.is_renewed(),
                 let_go: env.now(),
             });
         }

@@ -302,6 +302,9 @@ pub struct World {
     /// Connections that stopped answering (a lost reply, a late request):
     /// (when, whose client).
     pub silenced: Vec<(Micros, usize)>,
+    /// Switches of primary the clients learned of: (when, whose client,
+    /// the lock names the switch concerns).
+    pub learned: Vec<(Micros, usize, Vec<String>)>,
 }
 
 impl World {
@@ -335,6 +338,7 @@ impl World {
             renewal_created: Vec::new(),
             announced: Vec::new(),
             silenced: Vec::new(),
+            learned: Vec::new(),
         }
     }
 

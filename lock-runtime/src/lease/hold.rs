@@ -184,6 +184,9 @@ pub(crate) struct Hold {
     /// Wakes every body run under this hold when it is lost or released;
     /// made by the first body that needs it.
     lost_signal: OnceLock<Arc<Notify>>,
+    /// When the loss was recorded (the simulation's checkers read it).
+    #[cfg(feature = "simulation")]
+    lost_at: OnceLock<Instant>,
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
@@ -269,6 +272,8 @@ impl Hold {
             lost: AtomicU8::new(0),
             max_hold_reached: AtomicBool::new(false),
             lost_signal: OnceLock::new(),
+            #[cfg(feature = "simulation")]
+            lost_at: OnceLock::new(),
             site: OnceLock::new(),
             counted_held: AtomicBool::new(false),
         })
@@ -484,6 +489,8 @@ impl Hold {
             .is_ok();
         if first {
             tracing::debug!(lock = %self.name(), cause = %cause, "lock lost; the holder is told");
+            #[cfg(feature = "simulation")]
+            let _ = self.lost_at.set(Instant::now());
         }
         self.stop_holding();
         self.wake();
@@ -544,6 +551,12 @@ impl Hold {
             0 => None,
             code => Some(LostCause::from_code(code)),
         }
+    }
+
+    /// When the loss was recorded, if it was (simulation only).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn lost_at(&self) -> Option<Instant> {
+        self.lost_at.get().copied()
     }
 
     pub(crate) fn is_held(&self) -> bool {

@@ -362,6 +362,15 @@ impl HeldLock {
     pub fn valid_until(&self) -> Instant {
         self.hold.valid_until()
     }
+
+    /// Simulation (feature `simulation`, not a public API): when the loss
+    /// of the lock was recorded (a renewal that found its key gone or
+    /// another's, ...), if it was: the holder is told from then on.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn lost_at(&self) -> Option<Instant> {
+        self.hold.lost_at()
+    }
 }
 
 impl std::fmt::Debug for HeldLock {
