@@ -436,12 +436,23 @@ impl RedisBackend {
         // those learned before it, `held_back_after` those learned while
         // the attempt ran.
         let seen = (switches.current(), Instant::now());
-        let (keys, until) = (request.keys, request.until);
         let outcome = self.acquire_now(request).await;
         match outcome {
             Ok(Acquire::Acquired { .. }) if switches.current() != seen.0 => {
-                let bound = until.unwrap_or(seen.1 + self.connection.deadline());
-                Box::pin(self.held_back_after(keys, bound, outcome)).await
+                let bound = request.until.unwrap_or(seen.1 + self.connection.deadline());
+                Box::pin(async move {
+                    self.wait_out_hold_back(request.keys, bound).await?;
+                    // Taken on the old primary or the new one: asked again
+                    // where calls go now (`mine`: a lock holding this
+                    // token is found, with its remaining ttl).
+                    let again = AcquireRequest {
+                        mine: true,
+                        until: Some(bound),
+                        ..request
+                    };
+                    self.acquire_now(again).await
+                })
+                .await
             }
             outcome => outcome,
         }
@@ -450,24 +461,22 @@ impl RedisBackend {
     /// A lock taken by an attempt that learned of a switch of its primary
     /// while it ran (a `MOVED`, the slot map fetched, the call sent again to
     /// the promoted replica; Sentinel naming another primary) is held back
-    /// as an attempt sent after the switch is (`acquire_now`): returned
-    /// once the hold-back is over, the holders of the locks the new
-    /// primary lacks told meanwhile. Sent at once, such a retry took a
-    /// lock on the new primary while the holder of its copy on the old one
-    /// was still in its section (two sections overlapped after `CLUSTER
-    /// FAILOVER FORCE`, design §15). A hold-back that would end past the
-    /// attempt's `bound` (the switch learned late in it) ends the attempt
-    /// there without an answer, as a call held back past its deadline:
-    /// the lock it may hold is the acquisition's to find or give back.
-    async fn held_back_after<T>(
-        &self,
-        keys: &LockKeys,
-        bound: Instant,
-        outcome: Result<T, LockError>,
-    ) -> Result<T, LockError> {
+    /// as an attempt sent after the switch is (`acquire_now`), then asked
+    /// for again where calls go now. Returned at once, such a lock, taken
+    /// on the new primary, ran beside the holder of a copy only the old
+    /// one had, still in its section (two sections overlapped after
+    /// `CLUSTER FAILOVER FORCE`, design §15); and one taken on the old
+    /// primary (its reply and the news of the switch came together) is
+    /// not on the new one: returned after the hold-back unchecked, it ran
+    /// beside a holder there (lock-sim sentinel seed 250). A hold-back
+    /// that would end past the attempt's `bound` (the switch learned late
+    /// in it) ends the attempt there without an answer, as a call held
+    /// back past its deadline: the lock it may hold is the acquisition's to
+    /// find or give back.
+    async fn wait_out_hold_back(&self, keys: &LockKeys, bound: Instant) -> Result<(), LockError> {
         let slot = || self.cluster.then(|| slots::slot(&keys.lock));
         let Some(until) = self.held_back(slot) else {
-            return outcome;
+            return Ok(());
         };
         tokio::time::sleep_until(until.min(bound)).await;
         if until > bound {
@@ -478,7 +487,7 @@ impl RedisBackend {
                 crate::transport::timed_out(self.connection.deadline()),
             ));
         }
-        outcome
+        Ok(())
     }
 
     /// [`acquire`](Self::acquire), the switches learned of during the
@@ -779,7 +788,20 @@ impl Backend for RedisBackend {
                         && switches.current() != count =>
                 {
                     let bound = started + self.connection.deadline();
-                    self.held_back_after(first, bound, outcome).await
+                    self.wait_out_hold_back(first, bound).await?;
+                    self.call_until(
+                        name,
+                        "acquire",
+                        Some(bound),
+                        |mut connection, _| async move {
+                            let again = AcquireAllRequest {
+                                mine: true,
+                                ..request
+                            };
+                            self.acquire_all_script(&mut connection, &again).await
+                        },
+                    )
+                    .await
                 }
                 _ => outcome,
             }
