@@ -47,10 +47,10 @@ pub enum RunKind {
     /// Every primitive and option, with faults.
     Mixed,
     /// Quick lockers of a few keys and sets of them, no faults
-    /// ([`Plan::contended`]).
+    /// (`Plan::contended`).
     Contended,
     /// Quick renewed lockers of one shard through failovers
-    /// ([`Plan::switching`]).
+    /// (`Plan::switching`).
     Switching,
 }
 
