@@ -528,6 +528,9 @@ impl World {
         let client = self.conns[&conn].client;
         let now = self.now();
         self.silenced.push((now, client));
+        if self.trace {
+            self.note(format!("net: c{client} conn {conn} stops answering"));
+        }
     }
 
     pub fn connect_delay(&mut self) -> Duration {
