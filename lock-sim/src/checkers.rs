@@ -536,15 +536,15 @@ fn starvation(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
 /// over, so that the holders of the locks the new primary lacks are told
 /// first. A lock granted at the instant its client learned was taken
 /// before (its reply and the news came together). Not judged: a lock
-/// passed on in the process (granted as a holder
-/// of its client stopped using it, or let go of it) or re-entered (no
-/// call).
+/// passed on in the process (`HeldLock::passed_in_process`: the key stayed
+/// the client's; a pass the new primary lacked is made good there after
+/// the switch, and confirmed then) or re-entered (no call).
 fn held_back(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
     for call in &rec.calls {
         let (Some(granted), Some(Outcome::Ok)) = (call.end, &call.outcome) else {
             continue;
         };
-        if call.reentrant || !matches!(call.op, "acquire" | "try" | "run") {
+        if call.reentrant || call.passed || !matches!(call.op, "acquire" | "try" | "run") {
             continue;
         }
         let grace = (call.deadline / 2).min(500_000);
@@ -558,16 +558,6 @@ fn held_back(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             let Some((at, _, _)) = learned else {
                 continue;
             };
-            let passed = rec.holds.iter().any(|hold| {
-                hold.client == call.client
-                    && hold.key == *key
-                    && hold.call != call.id
-                    && ((hold.end - granted).abs() <= 1_000
-                        || (hold.let_go - granted).abs() <= 1_000)
-            });
-            if passed {
-                continue;
-            }
             violations.push(Violation {
                 kind: "hold-back",
                 text: format!(

@@ -104,6 +104,9 @@ pub struct Call {
     /// For an acquisition that returned a lock: the end of the validity the
     /// library gave it then (`HeldLock::valid_until`; a set's smallest).
     pub granted_until: Option<Micros>,
+    /// The lock it returned was handed to it by another task of its client
+    /// (an in-process pass), not taken from Redis by its own attempts.
+    pub passed: bool,
 }
 
 /// One holder's hold of one key, by the library's own account: from the

@@ -84,9 +84,13 @@ impl Env {
     }
 
     /// The acquisition `id` returned a lock valid until `until`.
-    fn granted(&self, id: usize, until: Micros) {
-        self.shared
-            .with(|world| world.rec.calls[id].granted_until = Some(until))
+    /// An acquisition returned a lock valid until `until`; `passed`: handed
+    /// to it by another task of its client.
+    fn granted(&self, id: usize, until: Micros, passed: bool) {
+        self.shared.with(|world| {
+            world.rec.calls[id].granted_until = Some(until);
+            world.rec.calls[id].passed = passed;
+        })
     }
 
     fn hold(&self, hold: Hold) {
@@ -438,6 +442,7 @@ impl Ctx<'_> {
             nested,
             reentrant: false,
             granted_until: None,
+            passed: false,
         }
     }
 
@@ -533,7 +538,11 @@ impl Ctx<'_> {
         };
         let start = env.now();
         let reentrant = guard.is_reentrant();
-        env.granted(id, env.micros(guard.valid_until()));
+        env.granted(
+            id,
+            env.micros(guard.valid_until()),
+            guard.passed_in_process(),
+        );
         if reentrant {
             env.shared
                 .with(|world| world.rec.calls[id].reentrant = true);
@@ -615,7 +624,7 @@ impl Ctx<'_> {
         let inner = async {
             let held = lock_runtime::current().expect("a body sees its lock");
             let start = env.now();
-            env.granted(id, env.micros(held.valid_until()));
+            env.granted(id, env.micros(held.valid_until()), held.passed_in_process());
             *seen.lock().unwrap() = Some(Seen {
                 start,
                 held: held.clone(),
@@ -764,7 +773,7 @@ impl Ctx<'_> {
         let start = env.now();
         let held: Vec<HeldLock> = guard.locks().cloned().collect();
         if let Some(until) = held.iter().map(|lock| env.micros(lock.valid_until())).min() {
-            env.granted(id, until);
+            env.granted(id, until, false);
         }
         env.end(
             id,

@@ -441,16 +441,27 @@ impl RedisBackend {
             Ok(Acquire::Acquired { .. }) if switches.current() != seen.0 => {
                 let bound = request.until.unwrap_or(seen.1 + self.connection.deadline());
                 Box::pin(async move {
-                    self.wait_out_hold_back(request.keys, bound).await?;
                     // Taken on the old primary or the new one: asked again
-                    // where calls go now (`mine`: a lock holding this
-                    // token is found, with its remaining ttl).
-                    let again = AcquireRequest {
-                        mine: true,
-                        until: Some(bound),
-                        ..request
-                    };
-                    self.acquire_now(again).await
+                    // where calls go now (`mine`: a lock holding this token
+                    // is found, with its remaining ttl), after the
+                    // hold-back; and so again while the asking learns of a
+                    // further switch (lock-sim cluster seed 9177: a
+                    // failover and the one back, the second learned by the
+                    // first asking again).
+                    loop {
+                        self.wait_out_hold_back(request.keys, bound).await?;
+                        let seen = switches.current();
+                        let again = AcquireRequest {
+                            mine: true,
+                            until: Some(bound),
+                            ..request
+                        };
+                        let outcome = self.acquire_now(again).await;
+                        match outcome {
+                            Ok(Acquire::Acquired { .. }) if switches.current() != seen => {}
+                            outcome => return outcome,
+                        }
+                    }
                 })
                 .await
             }
@@ -788,20 +799,28 @@ impl Backend for RedisBackend {
                         && switches.current() != count =>
                 {
                     let bound = started + self.connection.deadline();
-                    self.wait_out_hold_back(first, bound).await?;
-                    self.call_until(
-                        name,
-                        "acquire",
-                        Some(bound),
-                        |mut connection, _| async move {
-                            let again = AcquireAllRequest {
-                                mine: true,
-                                ..request
-                            };
-                            self.acquire_all_script(&mut connection, &again).await
-                        },
-                    )
-                    .await
+                    loop {
+                        self.wait_out_hold_back(first, bound).await?;
+                        let seen = switches.current();
+                        let outcome = self
+                            .call_until(
+                                name,
+                                "acquire",
+                                Some(bound),
+                                |mut connection, _| async move {
+                                    let again = AcquireAllRequest {
+                                        mine: true,
+                                        ..request
+                                    };
+                                    self.acquire_all_script(&mut connection, &again).await
+                                },
+                            )
+                            .await;
+                        match outcome {
+                            Ok(AcquireAll::Acquired { .. }) if switches.current() != seen => {}
+                            outcome => return outcome,
+                        }
+                    }
                 }
                 _ => outcome,
             }

@@ -288,6 +288,8 @@ impl Acquisition<'_> {
             match wait_for_pass(cohorts, key, generation, &mut queued.receiver, left).await {
                 Some(Passed::Lock(hold)) => {
                     queued.id = u64::MAX; // nothing to leave
+                    #[cfg(feature = "simulation")]
+                    hold.mark_passed_in_process();
                     tracing::debug!(lock = %self.name, fencing_token = ?hold.fencing_token, "acquired (passed in the process)");
                     let mut guard = self.guard_for(hold);
                     cohorts.holds(key, generation, guard.hold());

@@ -187,6 +187,10 @@ pub(crate) struct Hold {
     /// When the loss was recorded (the simulation's checkers read it).
     #[cfg(feature = "simulation")]
     lost_at: OnceLock<Instant>,
+    /// Handed to its holder by another task of the client (an in-process
+    /// pass; the simulation's checkers read it).
+    #[cfg(feature = "simulation")]
+    passed_in_process: AtomicBool,
     /// How its holder took it (metric label, function) and its place in the
     /// client's holder record; set when a guard is made for it.
     site: OnceLock<Site>,
@@ -274,6 +278,8 @@ impl Hold {
             lost_signal: OnceLock::new(),
             #[cfg(feature = "simulation")]
             lost_at: OnceLock::new(),
+            #[cfg(feature = "simulation")]
+            passed_in_process: AtomicBool::new(false),
             site: OnceLock::new(),
             counted_held: AtomicBool::new(false),
         })
@@ -557,6 +563,20 @@ impl Hold {
     #[cfg(feature = "simulation")]
     pub(crate) fn lost_at(&self) -> Option<Instant> {
         self.lost_at.get().copied()
+    }
+
+    /// The hold was handed to its holder by another task of the client
+    /// (simulation only).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn mark_passed_in_process(&self) {
+        self.passed_in_process.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`mark_passed_in_process`](Self::mark_passed_in_process)
+    /// was called (simulation only).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn passed_in_process(&self) -> bool {
+        self.passed_in_process.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_held(&self) -> bool {

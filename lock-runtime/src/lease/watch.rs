@@ -371,6 +371,15 @@ impl HeldLock {
     pub fn lost_at(&self) -> Option<Instant> {
         self.hold.lost_at()
     }
+
+    /// Simulation (feature `simulation`, not a public API): whether the
+    /// lock was handed to this holder by another task of its client (an
+    /// in-process pass), not taken from Redis by its own acquisition.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    pub fn passed_in_process(&self) -> bool {
+        self.hold.passed_in_process()
+    }
 }
 
 impl std::fmt::Debug for HeldLock {
