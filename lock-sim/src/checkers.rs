@@ -426,6 +426,20 @@ fn wrong_kind(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
         if local {
             continue;
         }
+        // Ended within the hold-back after its client learned of a switch
+        // concerning its key: a waiter whose wait ends then finds the lock
+        // busy for the holders being told, and sends nothing (design §15;
+        // sentinel seed 9129, a 4 ms wait).
+        let grace = (call.deadline / 2).min(500_000);
+        let held_back = facts.learned.iter().any(|(at, client, names)| {
+            *client == call.client
+                && *at <= end
+                && end <= at + grace
+                && call.keys.iter().any(|(key, _)| names.contains(key))
+        });
+        if held_back {
+            continue;
+        }
         // A set is busy when any of its keys is, and a key whose servers
         // answered may be held by a lock nobody holds any more (cancelled,
         // kept): only its first key in the set's order, which every round
