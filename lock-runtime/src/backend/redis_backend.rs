@@ -484,19 +484,24 @@ impl RedisBackend {
     /// in it) ends the attempt there without an answer, as a call held
     /// back past its deadline: the lock it may hold is the acquisition's to
     /// find or give back.
+    ///
+    /// Waited out until no hold-back is left (a switch learned meanwhile
+    /// moves its end), so that asking again, sent right after with no
+    /// await between, is not held back itself: held back, a waiter's ask
+    /// could end `Busy` with the lock it took left to its ttl.
     async fn wait_out_hold_back(&self, keys: &LockKeys, bound: Instant) -> Result<(), LockError> {
         let slot = || self.cluster.then(|| slots::slot(&keys.lock));
-        let Some(until) = self.held_back(slot) else {
-            return Ok(());
-        };
-        tokio::time::sleep_until(until.min(bound)).await;
-        if until > bound {
-            return Err(LockError::redis_at(
-                keys.name(),
-                "acquire",
-                &self.server,
-                crate::transport::timed_out(self.connection.deadline()),
-            ));
+        while let Some(until) = self.held_back(slot) {
+            if until > bound {
+                tokio::time::sleep_until(bound).await;
+                return Err(LockError::redis_at(
+                    keys.name(),
+                    "acquire",
+                    &self.server,
+                    crate::transport::timed_out(self.connection.deadline()),
+                ));
+            }
+            tokio::time::sleep_until(until).await;
         }
         Ok(())
     }
