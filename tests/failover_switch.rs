@@ -319,19 +319,7 @@ async fn a_pass_the_new_primary_missed_goes_to_the_next_holder_there() {
     );
     let held = worker.line(LINE_TIMEOUT);
     let passer = held.strip_prefix("held ").expect(&held).to_owned();
-    wait_until("the replica has read the lock", LINE_TIMEOUT, || {
-        let wanted = repl_offset(primary, "master_repl_offset:");
-        wanted.is_some() && repl_offset(replica, "slave_repl_offset:") == wanted
-    });
-    // The replica busy for a second (it answers `BUSY` after 50 ms), then
-    // taking over without what its primary was told meanwhile.
-    let reply =
-        test_support::command(replica, &["CONFIG", "SET", "busy-reply-threshold", "50"]).unwrap();
-    assert!(reply.starts_with("+OK"), "{reply}");
-    let takeover = busy_then_takeover(replica, 1_000);
-    wait_until("the replica is busy", LINE_TIMEOUT, || {
-        test_support::command(replica, &["PING"]).is_ok_and(|reply| reply.starts_with("-BUSY"))
-    });
+    let takeover = caught_up_then_busy(primary, replica);
     worker.send("pass");
     let passed = worker.line(LINE_TIMEOUT);
     let next = passed.strip_prefix("passed ").expect(&passed).to_owned();
@@ -378,17 +366,7 @@ async fn an_acquisition_that_learns_of_a_switch_within_itself_is_held_back() {
     let mut first = holder(&url, 0);
     // Its slot map fetched now, before the switch.
     let mut late = holder(&url, 0);
-    wait_until("the replica has caught up", LINE_TIMEOUT, || {
-        let wanted = repl_offset(primary, "master_repl_offset:");
-        wanted.is_some() && repl_offset(replica, "slave_repl_offset:") == wanted
-    });
-    let reply =
-        test_support::command(replica, &["CONFIG", "SET", "busy-reply-threshold", "50"]).unwrap();
-    assert!(reply.starts_with("+OK"), "{reply}");
-    let takeover = busy_then_takeover(replica, 1_000);
-    wait_until("the replica is busy", LINE_TIMEOUT, || {
-        test_support::command(replica, &["PING"]).is_ok_and(|reply| reply.starts_with("-BUSY"))
-    });
+    let takeover = caught_up_then_busy(primary, replica);
     assert_eq!(ask(&mut first, "try moved 60000"), "acquired");
     assert_eq!(takeover.join().unwrap(), ":1\r\n+OK\r\n");
     let key = "lock:{moved}";
@@ -404,6 +382,26 @@ async fn an_acquisition_that_learns_of_a_switch_within_itself_is_held_back() {
         took >= Duration::from_millis(500),
         "taken on the new primary {took:?} after it was asked for, without the hold-back"
     );
+}
+
+/// Waits until the replica on `replica` has read everything its primary
+/// (on `primary`) wrote, then keeps it busy for a second (it answers `BUSY`
+/// after 50 ms) and has it take over after that, without what its primary
+/// was told meanwhile; returns once it is busy, with the takeover's
+/// replies to come.
+fn caught_up_then_busy(primary: u16, replica: u16) -> std::thread::JoinHandle<String> {
+    wait_until("the replica has caught up", LINE_TIMEOUT, || {
+        let wanted = repl_offset(primary, "master_repl_offset:");
+        wanted.is_some() && repl_offset(replica, "slave_repl_offset:") == wanted
+    });
+    let reply =
+        test_support::command(replica, &["CONFIG", "SET", "busy-reply-threshold", "50"]).unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let takeover = busy_then_takeover(replica, 1_000);
+    wait_until("the replica is busy", LINE_TIMEOUT, || {
+        test_support::command(replica, &["PING"]).is_ok_and(|reply| reply.starts_with("-BUSY"))
+    });
+    takeover
 }
 
 /// The slot of the lock named `name`, as the cluster node on `port` says.

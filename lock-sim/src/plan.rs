@@ -364,12 +364,7 @@ impl Plan {
             self.names.exclusive,
             if cohorts { " (each key's in one client)" } else { "" }
         )];
-        let max_deadline = self
-            .clients
-            .iter()
-            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
-            .max()
-            .unwrap_or(0);
+        let max_deadline = self.max_deadline();
         self.progress_bound =
             self.max_ttl() + self.mix.wait_ms as Micros * MS + 2 * max_deadline + 3 * S;
         // Long enough for several set waits; progress is checked too.
@@ -378,7 +373,7 @@ impl Plan {
     }
 
     /// A switching run (Sentinel and Cluster): quick renewed sections of
-    /// one or two keys of one shard, by tasks of three or four clients,
+    /// one or two keys of one shard, by tasks of three to five clients,
     /// through one or two failovers of that shard's primary (a manual one
     /// that leaves the old primary writable, a crash, a `CLUSTER FAILOVER
     /// TAKEOVER`), with replication lagging a few milliseconds and no
@@ -484,16 +479,20 @@ impl Plan {
             ),
         );
         self.summary = summary;
-        let max_deadline = self
-            .clients
-            .iter()
-            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
-            .max()
-            .unwrap_or(0);
+        let max_deadline = self.max_deadline();
         self.progress_bound =
             self.max_ttl() + self.mix.wait_ms as Micros * MS + 2 * max_deadline + 3 * S + failover;
         self.end = self.healed + self.progress_bound + S;
         self
+    }
+
+    /// The longest call deadline of the run's clients.
+    fn max_deadline(&self) -> Micros {
+        self.clients
+            .iter()
+            .map(|c| (c.connect_timeout + c.response_timeout).as_micros() as Micros)
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn max_ttl(&self) -> Micros {

@@ -433,7 +433,7 @@ impl RedisBackend {
             return self.acquire_now(request).await;
         };
         // The switches learned of from here on: the hold-back below sees
-        // those learned before it, `held_back_after` those learned while
+        // those learned before it, the asking again below those learned while
         // the attempt ran.
         let seen = (switches.current(), Instant::now());
         let outcome = self.acquire_now(request).await;
