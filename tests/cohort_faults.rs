@@ -887,3 +887,61 @@ async fn a_pass_answered_after_the_waiters_validity_hands_it_no_lock() {
     let _ = tokio::time::timeout(LINE_TIMEOUT, passing).await.unwrap();
     guard.release().await.unwrap();
 }
+
+/// A task queued in the process behind a pass that Redis does not answer:
+/// when its wait runs out, nobody of its client holds the lock (the holder
+/// released it, the `HANDOFF` is open), so its outcome is Redis's, not
+/// `WaitTimeout` (found by lock-sim: sentinel seeds 3101 and 9330, node
+/// 10274, a primary that stopped answering).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_run_out_behind_an_unanswered_pass_ends_with_the_redis_error() {
+    let server = RedisServer::start();
+    let proxy = test_support::Proxy::start(server.port());
+    let client = Client::new(
+        Config::new(proxy.url())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let key = "unanswered-pass";
+    let holder = cohort_holder(&server, &client, key, Duration::from_secs(10)).await;
+    // Fenced: it starts on the `HANDOFF`'s reply, not before.
+    let first = tokio::spawn({
+        let lock = Lock::new(key)
+            .fencing()
+            .wait(Duration::from_secs(60))
+            .client(client.clone());
+        async move { lock.acquire().await }
+    });
+    wait_until_async(
+        "the first waiter queues in the process",
+        LINE_TIMEOUT,
+        || client.waiting_in_process(key) == 1,
+    )
+    .await;
+    proxy.stall();
+    let passing = tokio::spawn(holder.release());
+    wait_until_async("the pass to the first waiter is sent", LINE_TIMEOUT, || {
+        client.waiting_in_process(key) == 0
+    })
+    .await;
+    let second = Lock::new(key)
+        .wait(Duration::from_millis(200))
+        .client(client.clone())
+        .acquire()
+        .await;
+    let error = second.expect_err("the lock was passed to the first waiter, if at all");
+    assert!(
+        matches!(error, LockError::Redis { .. }),
+        "the pass open, Redis answering nothing: {error:?}"
+    );
+    proxy.resume();
+    let _ = tokio::time::timeout(LINE_TIMEOUT, passing).await.unwrap();
+    let first = tokio::time::timeout(LINE_TIMEOUT, first)
+        .await
+        .unwrap()
+        .unwrap();
+    if let Ok(guard) = first {
+        guard.release().await.unwrap();
+    }
+}

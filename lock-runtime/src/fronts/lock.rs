@@ -394,6 +394,12 @@ impl Lock {
         if cohorts.is_some() {
             match Box::pin(acquisition.join_cohort(started, wait)).await? {
                 Cohort::Passed(guard) => return Ok(guard),
+                Cohort::LastTry => {
+                    return match acquisition.once().await {
+                        Err(error) if error.is_busy() => Err(timed_out()),
+                        result => result,
+                    }
+                }
                 Cohort::Representative(_) if over() => return Err(timed_out()),
                 Cohort::Representative(slot) => representative = Some(slot),
             }

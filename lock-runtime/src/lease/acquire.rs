@@ -69,6 +69,12 @@ pub(crate) enum Cohort<'a> {
     Passed(LockGuard),
     /// This task goes to Redis for its client's cohort.
     Representative(Representative<'a>),
+    /// Its wait ran out in the queue while no task of its client held the
+    /// lock (the representative waiting in Redis, a holder that lost it, a
+    /// pass still unanswered): one last attempt through Redis tells how the
+    /// lock stands (busy, free, or Redis not answering), as the last
+    /// attempt of a wait in Redis does.
+    LastTry,
 }
 
 /// The task that goes to Redis for its client's cohort: if it does not get
@@ -300,12 +306,17 @@ impl Acquisition<'_> {
                     queued.id = u64::MAX;
                     dissolved = true;
                 }
-                None => {
+                // Held by a task of this client through the end of the wait.
+                None if cohorts.held(key, generation) => {
                     return Err(LockError::WaitTimeout {
                         name: self.name.to_owned(),
                         waited: started.elapsed(),
                     })
                 }
+                // Found by lock-sim (sentinel seeds 3101 and 9330, node
+                // 10274): waiters queued behind a pass to a primary that
+                // answered nothing ended `WaitTimeout`, not with Redis's error.
+                None => return Ok(Cohort::LastTry),
             }
         }
     }

@@ -221,6 +221,17 @@ impl Cohorts {
         }
     }
 
+    /// Whether a task of this client holds the lock of the cohort of this
+    /// generation now, by its own account: not while the representative
+    /// waits in Redis, nor once the holder lost the lock or released it (a
+    /// pass still open).
+    pub(crate) fn held(&self, key: &str, generation: u64) -> bool {
+        let mut by_key = self.by_key();
+        Self::cohort(&mut by_key, key, generation)
+            .and_then(|cohort| cohort.holder.as_ref()?.upgrade())
+            .is_some_and(|hold| hold.lost_cause(Instant::now()).is_none())
+    }
+
     /// A waiter stops waiting: out of the queue, if it is still there.
     pub(crate) fn leave(&self, key: &str, id: u64) {
         if let Some(cohort) = self.by_key().get_mut(key) {
