@@ -991,10 +991,12 @@ async fn quorum_values_carry_no_wake_mark() {
             .client(client.clone())
     };
     // Taken while two waiters stand in line (the holder itself waited).
+    // Each waiter is a client of its own: tasks of one client queue in the
+    // process, not in line.
     let first = lock(Duration::ZERO).try_acquire().await.unwrap();
     let waiters: Vec<_> = (0..3)
         .map(|_| {
-            let lock = lock(LINE_TIMEOUT);
+            let lock = lock(LINE_TIMEOUT).client(quorum_client(&nodes));
             tokio::spawn(async move { lock.acquire().await })
         })
         .collect();

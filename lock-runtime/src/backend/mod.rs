@@ -513,10 +513,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     /// Whether a lock may be passed between tasks of a process (`pass`,
     /// in-process cohorts). Not in acknowledged mode (each holder's
-    /// acquisition is confirmed by replicas) nor over a quorum (each
-    /// holder's by a majority).
+    /// acquisition is confirmed by replicas). Over a quorum a pass is
+    /// settled by a majority, as an acquisition is.
     fn passes_in_process(&self) -> bool {
         true
+    }
+
+    /// Whether a pass may carry a new fencing token (`pass` with a
+    /// retention). Not over a quorum: its token is written back to a
+    /// majority (a second round trip), so fenced waiters there wait in
+    /// Redis, outside the cohort.
+    fn passes_fenced_in_process(&self) -> bool {
+        self.passes_in_process()
     }
 
     /// The switches of primary this backend's connections learn of (a

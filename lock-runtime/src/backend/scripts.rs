@@ -217,6 +217,11 @@ pub(crate) static QUORUM_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     )
 });
 
+/// `lua/quorum_handoff.lua`: one node's part of an in-process hand-off over
+/// a quorum.
+pub(crate) static QUORUM_HANDOFF: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(&[&[lua!("quorum_handoff.lua")]], 1 << 27));
+
 /// `lua/quorum_leave.lua`: a waiter over a quorum gives up its place on one
 /// node.
 pub(crate) static QUORUM_LEAVE: LazyLock<LuaScript> =
@@ -390,7 +395,7 @@ pub(crate) static PEEK: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new(&[&[lua!("peek.lua")]], 1 << 26));
 
 /// Every script, for finding one by its SHA1.
-pub(crate) fn all() -> [&'static LuaScript; 27] {
+pub(crate) fn all() -> [&'static LuaScript; 28] {
     [
         &QUORUM_RW_ACQUIRE,
         &QUORUM_SEMAPHORE_ACQUIRE,
@@ -402,6 +407,7 @@ pub(crate) fn all() -> [&'static LuaScript; 27] {
         &QUORUM_ACQUIRE,
         &QUORUM_RELEASE,
         &QUORUM_LEAVE,
+        &QUORUM_HANDOFF,
         &RELEASE_KEEPING,
         &LEAVE,
         &RENEW,

@@ -361,10 +361,13 @@ impl Lock {
         // behind one of them (`cohort.rs`); `fair` locks, and the kinds
         // other than the exclusive lock, queue in Redis only.
         // Nor do locks whose backend passes none in the process
-        // (acknowledged mode, a quorum).
+        // (acknowledged mode), nor fenced ones where a pass carries no
+        // fencing token (a quorum).
+        let backend = acquisition.core.backend();
         let cohorts = (!self.fair
             && self.kind == Kind::Exclusive
-            && acquisition.core.backend().passes_in_process())
+            && backend.passes_in_process()
+            && (!self.fencing || backend.passes_fenced_in_process()))
         .then(|| acquisition.core.cohorts());
         let in_cohort = cohorts.is_some_and(|cohorts| cohorts.exists(&acquisition.keys.lock));
         // No attempt is sent once the wait is over: a call ends at most one

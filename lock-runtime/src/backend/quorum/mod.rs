@@ -31,6 +31,7 @@
 //!   held it.
 
 mod attempt;
+mod handoff;
 mod nodes;
 mod slots;
 
@@ -384,18 +385,23 @@ impl Backend for QuorumBackend {
     fn pass<'a>(
         &'a self,
         keys: &'a LockKeys,
-        _token: &'a str,
-        _next: &'a str,
-        _ttl_ms: u64,
-        _fence_retention_ms: Option<u64>,
+        token: &'a str,
+        next: &'a str,
+        ttl_ms: u64,
+        fence_retention_ms: Option<u64>,
     ) -> BoxFuture<'a, Result<Pass, LockError>> {
-        // Never asked: `passes_in_process` is false.
         Box::pin(async move {
-            Err(ConfigError::Unsupported {
-                name: keys.name().to_owned(),
-                reason: "no in-process hand-off over a quorum",
+            if fence_retention_ms.is_some() {
+                // Never asked: `passes_fenced_in_process` is false (a
+                // fencing token over a quorum is written back to a
+                // majority, a second round trip a pass does not make).
+                return Err(ConfigError::Unsupported {
+                    name: keys.name().to_owned(),
+                    reason: "no fenced in-process hand-off over a quorum",
+                }
+                .into());
             }
-            .into())
+            self.pass_to_next(keys, token, next, ttl_ms).await
         })
     }
 
@@ -528,6 +534,10 @@ impl Backend for QuorumBackend {
     }
 
     fn passes_in_process(&self) -> bool {
+        true
+    }
+
+    fn passes_fenced_in_process(&self) -> bool {
         false
     }
 

@@ -1,8 +1,8 @@
 //! The calls a quorum (RedLock, `quorum.rs`) makes on one of its nodes: one
 //! node's part of an attempt (`quorum_acquire.lua`), the release or give-back
 //! that wakes the first waiter in line there (`quorum_release.lua`), leaving
-//! the line (`quorum_leave.lua`) and the fencing write-back
-//! (`fence_raise.lua`).
+//! the line (`quorum_leave.lua`), an in-process hand-off's part
+//! (`quorum_handoff.lua`) and the fencing write-back (`fence_raise.lua`).
 
 use std::time::Duration;
 
@@ -10,10 +10,11 @@ use redis::aio::ConnectionLike;
 
 use super::RedisBackend;
 use crate::backend::scripts::{
-    evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_LEAVE, QUORUM_RELEASE,
-    QUORUM_RW_ACQUIRE, QUORUM_SEMAPHORE_ACQUIRE, QUORUM_SHARED_LEAVE, QUORUM_SHARED_RELEASE,
+    evalsha, run, LuaScript, Told, FENCE_RAISE, QUORUM_ACQUIRE, QUORUM_HANDOFF, QUORUM_LEAVE,
+    QUORUM_RELEASE, QUORUM_RW_ACQUIRE, QUORUM_SEMAPHORE_ACQUIRE, QUORUM_SHARED_LEAVE,
+    QUORUM_SHARED_RELEASE,
 };
-use crate::backend::{Kind, Release, Respect};
+use crate::backend::{Found, Kind, Pass, Release, Respect};
 use crate::error::{ConfigError, LockError};
 use crate::keys::LockKeys;
 
@@ -336,6 +337,43 @@ impl RedisBackend {
             cmd.arg(mode(kind));
         }
         self.release_call(keys.name(), script, &cmd).await
+    }
+
+    /// This node's part of an in-process hand-off over a quorum
+    /// (`quorum_handoff.lua`): the lock goes from the value `token` to the
+    /// value `next`, with `ttl_ms`.
+    pub(crate) async fn pass_on_node(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        next: &str,
+        ttl_ms: u64,
+    ) -> Result<Pass, LockError> {
+        let mut cmd = evalsha(
+            &QUORUM_HANDOFF,
+            2,
+            3,
+            2 * keys.lock.len() + token.len() + next.len() + 40,
+        );
+        cmd.arg(&keys.lock)
+            .arg(keys.tickets())
+            .arg(token)
+            .arg(next)
+            .arg(ttl_ms);
+        let (cmd, scripts) = (&cmd, self.connection.scripts());
+        let reply: Vec<i64> = self
+            .call(keys.name(), "hand-off", |mut connection, _| async move {
+                run(&QUORUM_HANDOFF, cmd, &mut connection, scripts).await
+            })
+            .await?;
+        Ok(match reply.first() {
+            Some(1) => Pass::Passed {
+                fence: None,
+                queued: reply.get(1) == Some(&1),
+            },
+            Some(0) => Pass::Refused(Found::Gone),
+            _ => Pass::Refused(Found::Other),
+        })
     }
 
     /// A waiter over a quorum leaves the line on this node

@@ -1,0 +1,145 @@
+//! In-process hand-off over a quorum (design §13, "In-process hand-off over
+//! a quorum"): tasks of one client waiting for a lock another of its tasks
+//! holds queue in the process, and the holder passes the lock to the next
+//! with one script per node (`quorum_handoff.lua`), held once a majority
+//! swapped its value for the next holder's.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+use lock_runtime::Lock;
+
+/// The value of `key` on `node`, if any.
+fn get(node: &RedisServer, key: &str) -> Option<String> {
+    value(&redis(node, &["GET", key]))
+}
+
+/// A holder of `name` on `client` that holds it for its client's cohort (it
+/// waited in Redis, behind another client, for the tasks queued behind it),
+/// and a task of the same client queued behind it in the process.
+async fn holder_and_queued_waiter(
+    nodes: &[RedisServer],
+    client: &lock_runtime::Client,
+    name: &str,
+) -> (
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+) {
+    let other = Lock::new(name)
+        .client(quorum_client(nodes))
+        .acquire()
+        .await
+        .unwrap();
+    let holder = tokio::spawn({
+        let lock = Lock::new(name)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await.unwrap() }
+    });
+    let tickets = format!("lock:{{{name}}}:tickets");
+    wait_until_async("the holder stands in line", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| redis(node, &["ZCARD", &tickets]) == ":1\r\n")
+    })
+    .await;
+    let waiter = spawn_waiter(client, name, Duration::from_secs(30));
+    wait_until_async("the waiter queues in the process", LINE_TIMEOUT, || {
+        client.waiting_in_process(name) == 1
+    })
+    .await;
+    other.release().await.unwrap();
+    let holder = tokio::time::timeout(LINE_TIMEOUT, holder)
+        .await
+        .expect("the holder got the lock")
+        .unwrap();
+    (holder, waiter)
+}
+
+/// The next task gets the lock by a pass: every node holds its token as
+/// it is (an acquisition through Redis writes `<token>|q<attempt>`), and it
+/// never stood in line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_the_same_client_gets_the_lock_by_a_pass() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let (holder, waiter) = holder_and_queued_waiter(&nodes, &client, "passed").await;
+    let first = holder.token().to_owned();
+    assert!(first.contains("|q"), "taken through Redis: {first}");
+    holder.release().await.unwrap();
+    let guard = waited(waiter).await;
+    let token = guard.token().to_owned();
+    wait_until_async("every node holds the next token", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .all(|node| get(node, "lock:{passed}").as_deref() == Some(token.as_str()))
+    })
+    .await;
+    for node in &nodes {
+        assert_eq!(redis(node, &["EXISTS", "lock:{passed}:tickets"]), ":0\r\n");
+    }
+    guard.release().await.unwrap();
+    for node in &nodes {
+        assert_eq!(get(node, "lock:{passed}"), None);
+    }
+}
+
+/// A stopped node does not hold a pass up: the next holder holds it on the
+/// majority that answered, and its release frees the lock there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_settles_on_a_majority_with_a_node_stopped() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let (holder, waiter) = holder_and_queued_waiter(&nodes, &client, "stopped").await;
+    signal(&nodes[0], "-STOP");
+    holder.release().await.unwrap();
+    let guard = waited(waiter).await;
+    assert!(guard.is_held());
+    let token = guard.token().to_owned();
+    for node in &nodes[1..] {
+        assert_eq!(get(node, "lock:{stopped}").as_deref(), Some(token.as_str()));
+    }
+    guard.release().await.unwrap();
+    signal(&nodes[0], "-CONT");
+    for node in &nodes[1..] {
+        assert_eq!(get(node, "lock:{stopped}"), None);
+    }
+}
+
+/// A fenced waiter is not passed the lock over a quorum (its token must be
+/// written back to a majority): it waits in Redis, and its acquisition
+/// there hands it a fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_waiter_waits_in_redis_not_in_the_process() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let holder = Lock::new("fenced")
+        .ttl(Duration::from_secs(10))
+        .client(client.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock = Lock::new("fenced")
+            .fencing()
+            .wait(Duration::from_secs(30))
+            .client(client.clone());
+        async move { lock.acquire().await }
+    });
+    wait_until_async("the fenced waiter stands in line", LINE_TIMEOUT, || {
+        nodes
+            .iter()
+            .filter(|node| redis(node, &["ZCARD", "lock:{fenced}:tickets"]) == ":1\r\n")
+            .count()
+            >= 2
+    })
+    .await;
+    assert_eq!(client.waiting_in_process("fenced"), 0);
+    holder.release().await.unwrap();
+    let guard = waited(waiter).await;
+    assert!(guard.fencing_token().is_some());
+    assert!(guard.token().contains("|q"), "{}", guard.token());
+    guard.release().await.unwrap();
+}
