@@ -15,6 +15,10 @@ pub(crate) enum Kind {
     /// This project, manual API, `acquire` with a wait (the handler form),
     /// in the uncontended workloads.
     ManualWait,
+    /// [`Kind::ManualWait`] with one client for all the tasks of a process
+    /// (as the attribute's process-wide client): its tasks waiting for one
+    /// key queue in the process and pass the lock on (`redlock-degraded`).
+    ManualWaitShared,
     /// This project, the read side of an `RwLock` (manual API, W1).
     ManualRead,
     /// This project, the write side of an `RwLock` (manual API, W1).
@@ -39,6 +43,7 @@ impl Kind {
             Kind::Manual => "this project, manual API",
             Kind::ManualFair => "this project, manual API, fair",
             Kind::ManualWait => "this project, manual API, wait",
+            Kind::ManualWaitShared => "this project, manual API, wait, one client per process",
             Kind::ManualRead => "this project, RwLock read",
             Kind::ManualWrite => "this project, RwLock write",
             Kind::Attribute => "this project, #[distributed_lock]",
@@ -104,6 +109,7 @@ impl Locker {
             Kind::Manual
             | Kind::ManualFair
             | Kind::ManualWait
+            | Kind::ManualWaitShared
             | Kind::ManualRead
             | Kind::ManualWrite => Locker::Ours {
                 client: Client::new(Config::new(url)).expect("client"),
@@ -114,7 +120,7 @@ impl Locker {
                     _ => Side::Exclusive,
                 },
                 fair: kind == Kind::ManualFair,
-                wait: wait || kind == Kind::ManualWait,
+                wait: wait || matches!(kind, Kind::ManualWait | Kind::ManualWaitShared),
             },
             Kind::Attribute => Locker::Attribute,
             Kind::AttributeWait => Locker::AttributeWait,

@@ -23,7 +23,7 @@ use crate::redlock::Quorum;
 use crate::target::Target;
 
 /// The implementations compared, in the order they run in each scenario.
-const KINDS: [Kind; 2] = [Kind::ManualWait, Kind::Rslock];
+const KINDS: [Kind; 3] = [Kind::ManualWait, Kind::ManualWaitShared, Kind::Rslock];
 /// How long this project waits for the lock per acquisition.
 const WAIT: Duration = Duration::from_secs(5);
 /// A contender's pause after a failed call, so that a failing lock does
@@ -268,8 +268,16 @@ pub(crate) fn contender(args: &[String]) -> ExitCode {
     // Clients and connections are made before the start.
     let contenders = runtime.block_on(async {
         let mut contenders = Vec::new();
+        // One client for every task of the process, or one each.
+        let shared = (kind == Kind::ManualWaitShared).then(|| {
+            lock_runtime::Client::new(lock_runtime::Config::new(quorum_url.as_str()))
+                .expect("client")
+        });
         for _ in 0..tasks {
-            let locker = Locker::new(kind, quorum_url, key, true).await;
+            let mut locker = Locker::new(kind, quorum_url, key, true).await;
+            if let (Locker::Ours { client, .. }, Some(shared)) = (&mut locker, &shared) {
+                *client = shared.clone();
+            }
             // Our client's connections are opened lazily, and a node it has
             // not heard from yet gets a patience of its own (a new client
             // may still be connecting): one lock on another key first, as a
