@@ -186,10 +186,14 @@ impl SetAcquisition<'_> {
                 None => round.give_back(&lines).await,
             }
             last_unanswered = round.unanswered.take();
+            // What is left of the wait once the give-back is done (it may
+            // have taken up to a call deadline): no sleep below outlasts it.
+            let left = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
             if last_unanswered.is_some() {
                 // As a single waiter does: not a reason to give up while
                 // the wait lasts.
-                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
                 tokio::time::sleep(error_pause.min(left)).await;
                 error_pause = (error_pause * 2).min(QUEUE_REFRESH);
                 continue;
@@ -197,20 +201,25 @@ impl SetAcquisition<'_> {
             error_pause = FIRST_ERROR_PAUSE;
             if lines.iter().any(|line| line.subscription.is_none()) {
                 // Listen, then try again at once: a release in between is
-                // not missed.
-                let left = deadline.map_or(Duration::MAX, |deadline| deadline - now);
-                for line in lines.iter_mut().filter(|line| line.subscription.is_none()) {
-                    let patience = left.min(QUEUE_REFRESH);
-                    let subscription = notifier.subscribe(&line.waiter, line.slot, patience);
-                    line.subscription = Some(subscription.await);
-                }
+                // not missed. Every line at once, within what is left of
+                // the wait: one after the other, each given all of it, a
+                // set of three keys whose channels could not be subscribed
+                // (a primary down, another failing over) waited three times
+                // that (lock-sim cluster seed 9159: 2,211 ms against 2,006).
+                let patience = left.min(QUEUE_REFRESH);
+                let notifier = &notifier;
+                let subscribing = lines
+                    .iter_mut()
+                    .filter(|line| line.subscription.is_none())
+                    .map(|line| async move {
+                        let subscription = notifier.subscribe(&line.waiter, line.slot, patience);
+                        line.subscription = Some(subscription.await);
+                    });
+                join_all(subscribing).await;
                 continue;
             }
             respect = first.fair();
-            let mut pause = round.pause.min(QUEUE_REFRESH);
-            if let Some(deadline) = deadline {
-                pause = pause.min(deadline - now);
-            }
+            let pause = round.pause.min(QUEUE_REFRESH).min(left);
             wait_for(notified, pause).await;
         }
     }
