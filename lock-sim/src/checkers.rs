@@ -755,8 +755,8 @@ fn option_ms(call: &Call, name: &str) -> Option<Micros> {
 /// Checked only where the order is the library's to keep: both calls
 /// after the last fault (a place outlives no pause or lost server, and a
 /// lost reply's re-send may join at the back), neither client with another
-/// call of the key meanwhile (a cohort: tasks of one client share one
-/// place and pass the lock among themselves, §4), the waiter queued for
+/// call or a hold of the key meanwhile (a cohort: tasks of one client share
+/// one place and pass the lock among themselves, §4), the waiter queued for
 /// certain (its first tries, a subscription on a new connection: eight
 /// one-way delays) before the taker started, and the taker's grant
 /// certainly before the waiter's (a one-way delay before its end).
@@ -776,6 +776,11 @@ fn fair_order(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
             waiters.entry(&call.keys[0].0).or_default().push(call);
         }
     }
+    // Another call of the key, or a hold of it: a hold outlives the call
+    // that took it (cluster seed 10070: a waiter queued in its process
+    // behind its own client's holder, whose lock expired meanwhile, was
+    // taken for one in Redis's line; §4's cohort waiter goes to Redis only
+    // once its holder lets go or is found to have lost the lock).
     let stake = |client: usize, key: &str, except: [usize; 2], from: Micros, to: Micros| {
         rec.calls.iter().any(|other| {
             other.client == client
@@ -783,6 +788,12 @@ fn fair_order(rec: &Recorder, facts: &Facts, violations: &mut Vec<Violation>) {
                 && other.start < to
                 && other.end.is_none_or(|end| end > from)
                 && other.keys.iter().any(|(name, _)| name == key)
+        }) || rec.holds.iter().any(|hold| {
+            hold.client == client
+                && !except.contains(&hold.call)
+                && hold.key == key
+                && hold.start < to
+                && hold.let_go.max(hold.end) > from
         })
     };
     for taker in &rec.calls {
