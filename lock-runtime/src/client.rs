@@ -953,7 +953,7 @@ impl Client {
     /// simulation's checkers.
     #[cfg(feature = "simulation")]
     #[doc(hidden)]
-    pub fn switches_learned(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+    pub fn switches_learned(&self) -> Option<crate::signal::Changes> {
         self.inner
             .core
             .backend()

@@ -39,6 +39,7 @@ mod keys;
 mod lease;
 mod observe;
 mod redact;
+mod signal;
 mod tls;
 mod token;
 mod transport;
@@ -55,6 +56,7 @@ pub mod guide;
 #[cfg(feature = "simulation")]
 #[doc(hidden)]
 pub mod simulation {
+    pub use crate::signal::{Changes, Closed};
     pub use crate::transport::simulated::{Conn, Network, Push};
     pub use futures_util::future::BoxFuture;
 }

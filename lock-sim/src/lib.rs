@@ -172,9 +172,8 @@ async fn simulate(backend: Backend, scenario: &str, seed: u64, trace: bool) -> R
         names.push(plan.names.rw.clone());
         names.push(plan.names.semaphore.clone());
         learners.push(tokio::task::spawn_local(async move {
-            let mut seen = *learned.borrow_and_update();
-            while learned.changed().await.is_ok() {
-                let number = *learned.borrow_and_update();
+            let mut seen = learned.seen();
+            while let Ok(number) = learned.changed().await {
                 let concerned: Vec<String> = names
                     .iter()
                     .filter(|name| (seen + 1..=number).any(|n| client.switch_concerns(n, name)))

@@ -35,9 +35,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::ConnectionInfo;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use crate::error::LockError;
+use crate::signal::Signal;
 use crate::token::Random;
 use crate::transport::cluster::slots;
 use crate::transport::Transport;
@@ -73,7 +74,7 @@ pub(crate) struct Notifier {
     waiters: Mutex<Waiters>,
     /// The slots whose channel the connection listens on now (on one
     /// server, slot 0 stands for the client's one channel).
-    ready: watch::Sender<Slots>,
+    ready: Signal<Slots>,
     /// On a cluster: the slots whose channel waiters asked for. Kept once
     /// asked (at most one subscription per slot a waiter of this client
     /// ever waited in), so that the next waiter there costs no round trip.
@@ -160,7 +161,7 @@ impl Notifier {
             deadline,
             id,
             waiters: Mutex::new(Waiters::default()),
-            ready: watch::Sender::new(Slots::default()),
+            ready: Signal::new(Slots::default()),
             wanted: Mutex::new(BTreeSet::new()),
             kick: Arc::new(Notify::new()),
             task: Mutex::new(None),
@@ -248,8 +249,8 @@ impl Notifier {
     /// if the connection is listening on its channel already: no round
     /// trip, and no message can be missed from here on.
     pub(crate) fn join_ready(self: &Arc<Self>, token: &str, slot: u16) -> Option<Subscription> {
-        let alive = self.ensure_task();
-        (alive && self.ready.borrow().contains(&slot)).then(|| self.register(token, slot))
+        let ready = self.ensure_task() && self.ready.borrow().contains(&slot);
+        ready.then(|| self.register(token, slot))
     }
 
     /// Registers the waiter `token` and waits (at most `patience`, and at
@@ -270,10 +271,10 @@ impl Notifier {
             self.kick.notify_one();
         }
         if self.ensure_task() {
-            let mut ready = self.ready.subscribe();
             let patience = patience.min(self.deadline);
             let _ =
-                tokio::time::timeout(patience, ready.wait_for(|ready| ready.contains(&slot))).await;
+                tokio::time::timeout(patience, self.ready.wait_for(|ready| ready.contains(&slot)))
+                    .await;
         }
         subscription
     }

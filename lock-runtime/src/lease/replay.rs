@@ -42,13 +42,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::stream::StreamExt;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Found, Kind, Pass, Switch, Switches};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::hold::{drift_margin, Hold};
+use crate::signal::Signal;
 use crate::transport::cluster::slots::slot;
 
 /// The most releases a client's log keeps.
@@ -93,7 +93,7 @@ pub(crate) struct Replays {
     watching: Arc<AtomicBool>,
     /// The last switch whose first round of making good is over (the
     /// renewal driver waits for it before it renews on the new primary).
-    replayed: watch::Sender<u64>,
+    replayed: Signal<u64>,
 }
 
 /// Clears `watching` when the task ends, or is dropped with its runtime.
@@ -116,7 +116,7 @@ impl Replays {
             log: Mutex::new(VecDeque::new()),
             task: Mutex::new(None),
             watching: Arc::new(AtomicBool::new(false)),
-            replayed: watch::Sender::new(0),
+            replayed: Signal::new(0),
         }))
     }
 
@@ -140,8 +140,7 @@ impl Replays {
         if !self.watching.load(Ordering::Acquire) || *self.replayed.borrow() >= switch {
             return;
         }
-        let mut replayed = self.replayed.subscribe();
-        let _ = tokio::time::timeout(at_most, replayed.wait_for(|done| *done >= switch)).await;
+        let _ = tokio::time::timeout(at_most, self.replayed.wait_for(|done| *done >= switch)).await;
     }
 
     /// `hold`, passed its lock in the process, found another token in the
@@ -287,7 +286,7 @@ impl Replays {
         };
         let changes = self.switches.subscribe();
         let seen = self.switches.current();
-        self.replayed.send_modify(|done| *done = (*done).max(seen));
+        self.replayed.send_if_modified(|done| raise(done, seen));
         self.watching.store(true, Ordering::Release);
         let watching = Watching(Arc::clone(&self.watching));
         *task = Some(runtime.spawn(watch_switches(
@@ -486,7 +485,7 @@ impl Drop for Replays {
 /// concerns, and marks its first round over (for [`Replays::replayed`]).
 async fn watch_switches(
     replays: Weak<Replays>,
-    mut changes: tokio::sync::watch::Receiver<u64>,
+    mut changes: crate::signal::Changes,
     mut seen: u64,
     _watching: Watching,
 ) {
@@ -505,6 +504,13 @@ async fn watch_switches(
             // Past a call deadline the round goes on in the background.
             let _ = tokio::time::timeout(this.backend.call_deadline(), round).await;
         }
-        this.replayed.send_modify(|done| *done = (*done).max(seen));
+        this.replayed.send_if_modified(|done| raise(done, seen));
     }
+}
+
+/// Raises `done` to `seen`; whether it moved.
+fn raise(done: &mut u64, seen: u64) -> bool {
+    let moved = seen > *done;
+    *done = (*done).max(seen);
+    moved
 }

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::signal::{Changes, Signal};
 
 /// A Redis Cluster's slot map: slot ranges and the primary (`host:port`)
 /// of each (`cluster::slot_map::Ranges`, named here without depending on
@@ -104,7 +105,7 @@ pub(crate) struct Switches {
     /// The last switches, in order.
     recent: Mutex<VecDeque<Switch>>,
     /// Each new number, for whoever makes writes good on the new primary.
-    changed: watch::Sender<u64>,
+    changed: Arc<Signal<u64>>,
     /// On a cluster: the primaries of the last slot map seen.
     primaries: Mutex<Option<(Arc<Ranges>, BTreeSet<String>)>>,
     /// How long acquisitions are held back after a switch ([`GRACE`], at
@@ -119,6 +120,13 @@ pub(crate) struct Switches {
     origin: Instant,
 }
 
+impl Drop for Switches {
+    fn drop(&mut self) {
+        // Its listeners (the renewal driver, the replays' watcher) end.
+        self.changed.close();
+    }
+}
+
 impl Switches {
     /// `call_deadline`: the longest one call may take (the hold-back after
     /// a switch is at most half of it).
@@ -126,7 +134,7 @@ impl Switches {
         Arc::new(Switches {
             count: AtomicU64::new(0),
             recent: Mutex::new(VecDeque::new()),
-            changed: watch::Sender::new(0),
+            changed: Arc::new(Signal::new(0)),
             primaries: Mutex::new(None),
             grace: GRACE.min(call_deadline / 2),
             hold_back_until: AtomicU64::new(0),
@@ -184,8 +192,8 @@ impl Switches {
     }
 
     /// Each new switch's number.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
+    pub(crate) fn subscribe(&self) -> Changes {
+        Changes::new(&self.changed)
     }
 
     /// The switches numbered after `seen`, in order (those no longer
@@ -235,7 +243,10 @@ impl Switches {
         }
         self.count.store(number, Ordering::Release);
         drop(recent);
-        self.changed.send_replace(number);
+        self.changed.send_if_modified(|last| {
+            *last = number;
+            true
+        });
     }
 
     /// A Redis Cluster's slot map was fetched: the slots whose primary in
