@@ -20,6 +20,8 @@ pub use cluster::RedisCluster;
 pub use process::Process;
 pub use proxy::Proxy;
 pub use refused_port::RefusedPort;
+
+mod killed_ports;
 pub use sentinel::{RedisSentinel, SentinelOptions};
 pub use tls::{AuthClients, Ca, Identity, TlsOptions};
 
@@ -390,8 +392,16 @@ impl RedisServer {
         self.child.id()
     }
 
-    /// Stops the server now (SIGKILL) and waits for it to exit.
+    /// Stops the server now (SIGKILL) and waits for it to exit. Its port
+    /// is not handed out by [`free_port`] for a while: the test's clients
+    /// may reconnect there and must find nothing, not a server another test
+    /// started on the port given back.
     pub fn kill(&mut self) {
+        self.stop();
+        killed_ports::note(self.port);
+    }
+
+    fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -450,7 +460,7 @@ impl RedisServer {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                self.kill();
+                self.stop();
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -477,7 +487,7 @@ fn dump_file_name(port: u16) -> String {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
         let _ = std::fs::remove_file(std::env::temp_dir().join(dump_file_name(self.port)));
         if let Some(tls) = &self.tls {
             let _ = std::fs::remove_dir_all(&tls.dir);
@@ -505,9 +515,18 @@ fn request(args: &[&str]) -> Vec<u8> {
 
 /// A port that was free on 127.0.0.1 a moment ago (a test that needs a
 /// port where nothing listens holds a [`RefusedPort`] instead).
+/// Not the port of a server a test killed lately ([`RedisServer::kill`]).
 pub fn free_port() -> io::Result<u16> {
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
-    Ok(listener.local_addr()?.port())
+    let killed = killed_ports::recent();
+    let mut port = 0;
+    for _ in 0..20 {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        port = listener.local_addr()?.port();
+        if !killed.contains(&port) {
+            break;
+        }
+    }
+    Ok(port)
 }
 
 /// The environment variable naming a `valkey-server` binary (Valkey 9 or
