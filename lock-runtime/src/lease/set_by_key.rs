@@ -53,7 +53,14 @@ impl SetAcquisition<'_> {
         // lock-sim cluster seed 6013, a try of [a, b, c] 610 ms against
         // 604.6, key b tried after a had taken most of the deadline.
         let until = self.started + members[0].core.call_deadline();
-        let (index, unanswered) = match try_each(members, self.wait.is_some(), until).await? {
+        // A give-back after a busy key is not awaited past the wait either:
+        // the set then ends, the give-back goes on in the background
+        // (lock-sim sentinel seed 13247: a set with a 21 ms wait returned
+        // after 4 s, its give-back on a connection that had stopped
+        // answering).
+        let give_back_by = self.deadline().map_or(until, |end| end.min(until));
+        let tried = try_each(members, self.wait.is_some(), until, give_back_by).await?;
+        let (index, unanswered) = match tried {
             Tried::All(guards) => match finish(members, guards, self.started).await? {
                 Finished::Set(guards) => return Ok(guards),
                 Finished::Expired(index, error) => {
@@ -174,14 +181,17 @@ impl SetAcquisition<'_> {
                     .take()
                     .unwrap_or_else(|| self.wait_timeout(name)));
             }
-            // Not awaited past the wait and one call deadline (a key's
-            // server stalled with the give-back on it: lock-sim cluster
-            // seed 7068, 1.10 s against 0.95 s); what is left goes on in
-            // the background (each `Taken`'s drop).
+            // Not awaited past the wait (a key's server stalled with the
+            // give-back on it: lock-sim cluster seed 7068, 1.10 s against
+            // 0.95 s when it had no bound; sentinel seed 13247, a set with
+            // a 21 ms wait that returned after 4 s when it had until the
+            // end of the wait and one call deadline, its give-back on a
+            // connection that had stopped answering): past the wait the
+            // set ends, and what is left goes on in the background (each
+            // `Taken`'s drop).
             match deadline {
                 Some(deadline) => {
-                    let until = deadline + first.core.call_deadline();
-                    let _ = tokio::time::timeout_at(until, round.give_back(&lines)).await;
+                    let _ = tokio::time::timeout_at(deadline, round.give_back(&lines)).await;
                 }
                 None => round.give_back(&lines).await,
             }
@@ -482,6 +492,7 @@ async fn try_each(
     members: &[&Acquisition<'_>],
     waits: bool,
     until: Instant,
+    give_back_by: Instant,
 ) -> Result<Tried, LockError> {
     let mut taken = Vec::with_capacity(members.len());
     for (index, member) in members.iter().enumerate() {
@@ -521,8 +532,9 @@ async fn try_each(
             // the key, a stalled one too (lock-sim quorum3 seed 2184).
             drop(taken);
         } else {
-            // Within the round's deadline too; the rest in the background.
-            let _ = tokio::time::timeout_at(until, give_back(taken)).await;
+            // Within the round's deadline and the wait; the rest in the
+            // background.
+            let _ = tokio::time::timeout_at(give_back_by, give_back(taken)).await;
         }
         return Ok(Tried::Busy { index, unanswered });
     }
