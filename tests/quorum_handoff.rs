@@ -26,6 +26,19 @@ async fn holder_and_queued_waiter(
     lock_runtime::LockGuard,
     tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
 ) {
+    holder_and_queued_waiter_with(nodes, client, name, Duration::from_secs(10)).await
+}
+
+/// [`holder_and_queued_waiter`] with the holder's `ttl`.
+async fn holder_and_queued_waiter_with(
+    nodes: &[RedisServer],
+    client: &lock_runtime::Client,
+    name: &str,
+    ttl: Duration,
+) -> (
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+) {
     let other = Lock::new(name)
         .client(quorum_client(nodes))
         .acquire()
@@ -33,7 +46,7 @@ async fn holder_and_queued_waiter(
         .unwrap();
     let holder = tokio::spawn({
         let lock = Lock::new(name)
-            .ttl(Duration::from_secs(10))
+            .ttl(ttl)
             .wait(Duration::from_secs(30))
             .client(client.clone());
         async move { lock.acquire().await.unwrap() }
@@ -166,4 +179,91 @@ async fn a_fenced_waiter_waits_in_redis_not_in_the_process() {
     assert!(guard.fencing_token().is_some());
     assert!(guard.token().contains("|q"), "{}", guard.token());
     guard.release().await.unwrap();
+}
+
+/// A holder of `name` with `ttl` that waited in Redis for its client's
+/// cohort, a task of the same client (the default ttl, 30 s) queued behind
+/// it, and the nodes that hold the holder's value.
+async fn passer_and_nodes(
+    nodes: &[RedisServer],
+    client: &lock_runtime::Client,
+    name: &str,
+    ttl: Duration,
+) -> (
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
+    Vec<usize>,
+) {
+    let (holder, waiter) = holder_and_queued_waiter_with(nodes, client, name, ttl).await;
+    let key = format!("lock:{{{name}}}");
+    let holding: Vec<usize> = (0..nodes.len())
+        .filter(|&i| holds(&nodes[i], &key, holder.token()))
+        .collect();
+    assert!(
+        holding.len() >= 2,
+        "the passer holds a majority: {holding:?}"
+    );
+    (holder, waiter, holding)
+}
+
+/// How long a refused pass's next token may stay on a node: its release
+/// is in the background (the next holder's ttl, 30 s, is what it stayed
+/// before).
+const GIVEN_BACK_WITHIN: Duration = Duration::from_secs(10);
+
+/// A pass on the reply (the passer's validity is over: an unrenewed body
+/// that outlived its ttl) refused by the majority whose keys expired, while
+/// one node's key lived longer (a later grant, a slower clock) and swapped
+/// the passer's value for the next token: that token is given back, not
+/// left there for the next holder's ttl (found by a review; it stayed 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_on_the_reply_refused_by_a_majority_leaves_no_token_behind() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let (name, key) = ("refused-reply", "lock:{refused-reply}");
+    let (holder, waiter, holding) =
+        passer_and_nodes(&nodes, &client, name, Duration::from_millis(600)).await;
+    let late = holding[0];
+    redis(&nodes[late], &["PEXPIRE", key, "60000"]);
+    wait_until_async("the other nodes' keys expired", LINE_TIMEOUT, || {
+        (0..nodes.len()).all(|i| i == late || get(&nodes[i], key).is_none())
+    })
+    .await;
+    let released = holder.release().await;
+    assert!(
+        matches!(released, Err(lock_runtime::LockError::Lost { .. })),
+        "{released:?}"
+    );
+    waited(waiter).await.release().await.unwrap();
+    wait_until_async("the late node holds nothing", GIVEN_BACK_WITHIN, || {
+        get(&nodes[late], key).is_none()
+    })
+    .await;
+}
+
+/// An early pass refused (two nodes lost the key, as after restarts without
+/// data): the next holder is told it lost the lock, and the token the one
+/// node still holding the passer's value swapped in is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_pass_refused_by_a_majority_leaves_no_token_behind() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let client = ready_quorum_client(&nodes).await;
+    let (name, key) = ("refused-early", "lock:{refused-early}");
+    let (holder, waiter, holding) =
+        passer_and_nodes(&nodes, &client, name, Duration::from_secs(30)).await;
+    let kept = holding[0];
+    for &i in &holding[1..] {
+        redis(&nodes[i], &["DEL", key]);
+    }
+    let _ = holder.release().await;
+    let guard = waited(waiter).await;
+    let lost = guard.release().await;
+    assert!(
+        matches!(lost, Err(lock_runtime::LockError::Lost { .. })),
+        "{lost:?}"
+    );
+    wait_until_async("the kept node holds nothing", GIVEN_BACK_WITHIN, || {
+        get(&nodes[kept], key).is_none()
+    })
+    .await;
 }

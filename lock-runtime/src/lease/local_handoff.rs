@@ -202,6 +202,18 @@ fn linger_after_pass(hold: Arc<Hold>) {
     }
 }
 
+/// After a pass refused: on one server the `HANDOFF` wrote nothing, but
+/// over a quorum it is refused when a majority no longer held the passer's
+/// value, and the nodes that still held it swapped it for the next token
+/// (found by a review: that token stayed there for the next holder's whole
+/// ttl, a node less for every majority). The caller gives the next token
+/// back; the passer's value, wherever the pass did not land, is given back
+/// here. On one server both are compare-and-deletes that find nothing: a
+/// round trip each, on a path that only a lost key takes.
+fn give_back_refused(hold: Arc<Hold>) {
+    spawn_release(hold, true);
+}
+
 /// What a hold nobody runs under is made with: not renewed, kept no longer
 /// than its release.
 fn orphaned(wants: Wants) -> Wants {
@@ -224,8 +236,9 @@ async fn pass_early(
 ) -> Result<(), LockError> {
     let cohorts = hold.core.cohorts();
     let key = &hold.keys.lock;
+    let wants = waiter.wants;
     let (settle, settled) = watch::channel(false);
-    let next = next_hold(&hold, waiter.wants, token, sent_at, None, Some(settled));
+    let next = next_hold(&hold, wants, token, sent_at, None, Some(settled));
     if waiter.send(Passed::Lock(Arc::clone(&next))).is_err() {
         // Gone before anything was sent: the next one, or a release.
         return pass_or_release(hold, generation).await;
@@ -242,7 +255,20 @@ async fn pass_early(
         Err(LockError::Lost { name, cause }) => {
             next.mark_pass_refused();
             next.mark_lost(cause);
-            linger_after_pass(hold);
+            // The next holder's release sends nothing (its lock is lost),
+            // but its token may be on some nodes: given back here.
+            spawn_release(
+                next_hold(
+                    &hold,
+                    orphaned(wants),
+                    next.token.clone(),
+                    sent_at,
+                    None,
+                    None,
+                ),
+                false,
+            );
+            give_back_refused(hold);
             Err(LockError::Lost { name, cause })
         }
         Err(error) => {
@@ -330,15 +356,19 @@ async fn pass_confirmed(
         Err(error) => {
             let _ = waiter.send(Passed::Redis);
             cohorts.dissolve(key, generation);
+            let orphan = next_hold(&hold, orphaned(wants), token, sent_at, None, None);
             match &error {
                 LockError::Redis { .. } => {
                     // Unknown outcome: the key may hold either token.
-                    let orphan = next_hold(&hold, orphaned(wants), token, sent_at, None, None);
                     orphan.set_linger();
                     spawn_release(orphan, true);
                     spawn_release(hold, true);
                 }
-                _ => linger_after_pass(hold),
+                _ => {
+                    // Refused; the next token may still be on some nodes.
+                    spawn_release(orphan, false);
+                    give_back_refused(hold);
+                }
             }
             Err(error)
         }
