@@ -18,8 +18,9 @@
 //! token is only known from the reply, so with `fencing` the next holder
 //! starts when the reply is in.
 //!
-//! Other processes are not starved: while the lock's wake mark shows
-//! waiters of other clients queued in Redis, a holder passes it on locally
+//! Other processes are not starved: while the lock's wake mark (over a
+//! quorum, the line on the nodes that took the pass) shows waiters queued
+//! in Redis, a holder passes it on locally
 //! at most [`MAX_PASSES_WHILE_QUEUED`] times in a row; then it releases it
 //! through Redis (waking the first of them), and the local waiters queue in
 //! Redis like anyone else. `fair` locks never pass locally.

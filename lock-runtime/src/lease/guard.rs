@@ -332,6 +332,8 @@ impl LockGuard {
         }
         let result = match loss {
             // A renewal found the key gone or another's: nothing to delete.
+            // (A pass refused found it so too; what it may have written on a
+            // quorum's minority is given back by the pass, `local_handoff.rs`.)
             Some(
                 cause @ (LostCause::Expired
                 | LostCause::TakenOver

@@ -6,7 +6,7 @@
 //! N at once, each with its own short timeout, and counts the answers:
 //!
 //! - **Acquire** (`attempt.rs`): the same value (the holder's token, then
-//!   `|q<random>`, a mark of this attempt) to every node. Held when at least
+//!   `|q<n>`, the attempt's number) to every node. Held when at least
 //!   N/2+1 granted it and the validity left (ttl - elapsed - drift, from the
 //!   start of this attempt: the hold's own clock, §5) is positive; otherwise
 //!   given back where it may have been granted. A node that failed its last
@@ -29,6 +29,9 @@
 //!   a renewal extends, it never re-creates.
 //! - **Release**: on every node; reported as lost if a majority no longer
 //!   held it.
+//! - **In-process hand-off** (`handoff.rs`): the lock passed from one task
+//!   of the client to the next, held once a majority swapped the passer's
+//!   value for the next holder's token.
 
 mod attempt;
 mod handoff;
