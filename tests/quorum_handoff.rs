@@ -17,20 +17,8 @@ fn get(node: &RedisServer, key: &str) -> Option<String> {
 
 /// A holder of `name` on `client` that holds it for its client's cohort (it
 /// waited in Redis, behind another client, for the tasks queued behind it),
-/// and a task of the same client queued behind it in the process.
+/// with `ttl`, and a task of the same client queued behind it in the process.
 async fn holder_and_queued_waiter(
-    nodes: &[RedisServer],
-    client: &lock_runtime::Client,
-    name: &str,
-) -> (
-    lock_runtime::LockGuard,
-    tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
-) {
-    holder_and_queued_waiter_with(nodes, client, name, Duration::from_secs(10)).await
-}
-
-/// [`holder_and_queued_waiter`] with the holder's `ttl`.
-async fn holder_and_queued_waiter_with(
     nodes: &[RedisServer],
     client: &lock_runtime::Client,
     name: &str,
@@ -85,7 +73,8 @@ fn holds(node: &RedisServer, key: &str, value: &str) -> bool {
 async fn a_task_of_the_same_client_gets_the_lock_by_a_pass() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let client = ready_quorum_client(&nodes).await;
-    let (holder, waiter) = holder_and_queued_waiter(&nodes, &client, "passed").await;
+    let (holder, waiter) =
+        holder_and_queued_waiter(&nodes, &client, "passed", Duration::from_secs(10)).await;
     let first = holder.token().to_owned();
     assert!(first.contains("|q"), "taken through Redis: {first}");
     holder.release().await.unwrap();
@@ -117,14 +106,12 @@ async fn a_task_of_the_same_client_gets_the_lock_by_a_pass() {
 async fn a_pass_settles_on_a_majority_with_a_node_stopped() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let client = ready_quorum_client(&nodes).await;
-    let (holder, waiter) = holder_and_queued_waiter(&nodes, &client, "stopped").await;
+    let (holder, waiter, holding) =
+        passer_and_nodes(&nodes, &client, "stopped", Duration::from_secs(10)).await;
     let key = "lock:{stopped}";
     // The node stopped is one the passer's majority can do without: the
     // one that refused its attempt, if one did.
-    let stopped = (0..nodes.len())
-        .rev()
-        .find(|&i| !holds(&nodes[i], key, holder.token()))
-        .unwrap_or(0);
+    let stopped = (0..nodes.len()).find(|i| !holding.contains(i)).unwrap_or(0);
     let others: Vec<&RedisServer> = (0..nodes.len())
         .filter(|&i| i != stopped)
         .map(|i| &nodes[i])
@@ -194,7 +181,7 @@ async fn passer_and_nodes(
     tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>>,
     Vec<usize>,
 ) {
-    let (holder, waiter) = holder_and_queued_waiter_with(nodes, client, name, ttl).await;
+    let (holder, waiter) = holder_and_queued_waiter(nodes, client, name, ttl).await;
     let key = format!("lock:{{{name}}}");
     let holding: Vec<usize> = (0..nodes.len())
         .filter(|&i| holds(&nodes[i], &key, holder.token()))
