@@ -81,16 +81,20 @@ async fn a_task_of_the_same_client_gets_the_lock_by_a_pass() {
     let guard = waited(waiter).await;
     let token = guard.token().to_owned();
     let key = "lock:{passed}";
-    wait_until_async("a majority holds the next token", LINE_TIMEOUT, || {
-        nodes.iter().filter(|node| holds(node, key, &token)).count() >= 2
-    })
+    // The pass settles on a majority; the third node's part may still be
+    // on its way, and then swaps the passer's value too.
+    wait_until_async(
+        "a majority holds the next token, no node another value",
+        LINE_TIMEOUT,
+        || {
+            nodes.iter().filter(|node| holds(node, key, &token)).count() >= 2
+                && nodes
+                    .iter()
+                    .all(|node| get(node, key).is_none_or(|held| held == token))
+        },
+    )
     .await;
     for node in &nodes {
-        let held = get(node, key);
-        assert!(
-            held.is_none() || held.as_deref() == Some(token.as_str()),
-            "a node holds {held:?}, neither the next token nor nothing"
-        );
         assert_eq!(redis(node, &["EXISTS", "lock:{passed}:tickets"]), ":0\r\n");
     }
     guard.release().await.unwrap();
