@@ -140,18 +140,18 @@ pub(crate) const TOKEN_LEN: usize = 32;
 /// acquisitions instead of one each (the call was 2-3 % of the client CPU
 /// of an uncontended acquire and release). Each byte is handed out once.
 /// A process forked from this one starts with a copy of the thread's
-/// batch: the batch remembers the process id that read it, and a batch read
-/// by another process is thrown away, so parent and child never hand out
-/// the same bytes.
+/// batch: the batch remembers how many forks this process had come from
+/// when it was read ([`forks`]), and a batch read before a fork is thrown
+/// away, so parent and child never hand out the same bytes.
 struct Batch {
-    pid: u32,
+    forks: u64,
     bytes: [u8; 256],
     next: usize,
 }
 
 thread_local! {
     static BATCH: std::cell::RefCell<Batch> = const {
-        std::cell::RefCell::new(Batch { pid: 0, bytes: [0; 256], next: 256 })
+        std::cell::RefCell::new(Batch { forks: 0, bytes: [0; 256], next: 256 })
     };
 }
 
@@ -160,10 +160,10 @@ thread_local! {
 fn random_8() -> Result<[u8; 8], LockError> {
     BATCH.with(|batch| {
         let mut batch = batch.borrow_mut();
-        let pid = std::process::id();
-        if batch.next + 8 > batch.bytes.len() || batch.pid != pid {
+        let forks = forks();
+        if batch.next + 8 > batch.bytes.len() || batch.forks != forks {
             batch.bytes = random::<256>()?;
-            batch.pid = pid;
+            batch.forks = forks;
             batch.next = 0;
         }
         let at = batch.next;
@@ -174,6 +174,41 @@ fn random_8() -> Result<[u8; 8], LockError> {
         batch.bytes[at..at + 8].fill(0);
         Ok(out)
     })
+}
+
+/// How many `fork`s this process is from the one that first asked: a
+/// handler registered with `pthread_atfork` adds one in each child. An
+/// atomic load per token where `getpid(2)` was a system call per token
+/// (1 of the 6 system calls per pair a quorum's W1 made more than rslock,
+/// issue 40).
+#[cfg(unix)]
+fn forks() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static FORKS: AtomicU64 = AtomicU64::new(0);
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        // Only what is safe in a child of a threaded process: an atomic add.
+        FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: registers a handler that only adds to an atomic; it
+        // cannot fail but for lack of memory, when the process-id check
+        // below stands in.
+        let registered = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        if registered != 0 {
+            FORKS.store(u64::MAX, Ordering::Relaxed);
+        }
+    });
+    match FORKS.load(Ordering::Relaxed) {
+        // Not registered: the process id tells a child from its parent.
+        u64::MAX => u64::from(std::process::id()) | (1 << 63),
+        forks => forks,
+    }
+}
+
+#[cfg(not(unix))]
+fn forks() -> u64 {
+    0
 }
 
 /// The client id a token ends with, if it is one of this crate's tokens
@@ -207,8 +242,8 @@ mod tests {
     }
 
     /// A child forked after this thread read a batch does not hand out the
-    /// parent's next bytes (without the process id check it would: the
-    /// child starts with a copy of the batch).
+    /// parent's next bytes (without the fork count it would: the child
+    /// starts with a copy of the batch).
     #[cfg(unix)]
     #[test]
     fn a_forked_child_never_hands_out_the_parents_bytes() {

@@ -256,17 +256,20 @@ impl QuorumBackend {
             let Some((node, answer)) = next else { break };
             said[node] = self.hear(node, answer, timeout);
         }
-        // Nodes that failed their last call get no grace: with a minority
-        // stopped, every acquisition would wait for it.
+        // Nodes that failed their last call are not heard out: with a
+        // minority stopped, every acquisition would leave a task waiting
+        // for it.
         let worth_waiting = (0..said.len())
             .any(|node| matches!(said[node], Said::Open) && !self.nodes[node].is_down());
-        if granted(&said) >= quorum && !pending.is_empty() && worth_waiting {
-            // Held: the other nodes get a short grace to answer too (about
-            // as long again as the majority took), so that a healthy node
-            // is not left out of the hold (it would tolerate one failure
-            // less); a stopped one is not waited for. A grant that comes
-            // later holds the same value, which the release matches.
-            // Never past the nodes' own timeout.
+        let held = granted(&said) >= quorum && !pending.is_empty() && worth_waiting;
+        if held && request.fence_retention_ms.is_some() {
+            // Held with a fencing token: the other nodes get a short grace
+            // to answer too (about as long again as the majority took), so
+            // that the token is the largest of as many nodes as answer in
+            // time (a token written back to fewer nodes, or to nodes that
+            // restarted empty since, is still exceeded; design §13); a
+            // stopped one is not waited for. Never past the nodes' own
+            // timeout.
             let grace = (started.elapsed() * 2)
                 .max(Duration::from_millis(2))
                 .min(timeout.saturating_sub(started.elapsed()));
@@ -283,6 +286,18 @@ impl QuorumBackend {
                     self.nodes[node].saw(Some(false));
                 }
             }
+        } else if held {
+            // Held: the other nodes are heard out in the background, within
+            // their timeout, for their health; the caller does not wait for
+            // them. Their calls go on, so a healthy node is not left out of
+            // the hold (a grant that lands there holds the same value, which
+            // the release matches). (The grace above, a timer earlier than
+            // any the runtime sleeps until, cost every acquisition a wake-up
+            // of the I/O driver: issue 40.)
+            let open: Vec<usize> = (0..said.len())
+                .filter(|&node| matches!(said[node], Said::Open))
+                .collect();
+            self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
         }
         if let Some(error) = config_error(&mut said) {
             // A node refused the semaphore's capacity: the caller's error,
@@ -499,6 +514,34 @@ impl QuorumBackend {
                 Said::Silent(Silence::NoAnswer(timeout))
             }
         }
+    }
+
+    /// The calls still open when an attempt held, heard out in the
+    /// background until `until`: each answer notes its node's health, and a
+    /// node still silent then is not waited for by an attempt it alone could
+    /// decide, until it answers again.
+    fn hear_out_in_background(
+        &self,
+        mut pending: FuturesUnordered<NodeCall>,
+        mut open: Vec<usize>,
+        until: Instant,
+    ) {
+        let nodes = Arc::clone(&self.nodes);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout_at(until, async {
+                while let Some((node, answer)) = pending.next().await {
+                    open.retain(|&open| open != node);
+                    if let Some(Ok(vote)) = &answer {
+                        nodes[node].read_clock(vote.clock_us);
+                    }
+                    nodes[node].saw(Some(answer.as_ref().is_some_and(answered)));
+                }
+            })
+            .await;
+            for node in open {
+                nodes[node].saw(Some(false));
+            }
+        });
     }
 
     /// The calls still open when an attempt that did not hold settled,
