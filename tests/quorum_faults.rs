@@ -182,3 +182,97 @@ fn waits_keep_their_bounds_while_nodes_stall_drop_and_stop() {
     assert_eq!(overlaps, None, "seed {seed}: sections overlapped");
     assert!(held > 0, "seed {seed}: no call ever held the lock");
 }
+
+/// Calls of scripts (`EVAL` and `EVALSHA`) `node` ran since its statistics
+/// were last reset.
+fn scripts_run(node: &RedisServer) -> u64 {
+    let info = redis(node, &["INFO", "commandstats"]);
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_eval:") || line.starts_with("cmdstat_evalsha:"))
+        .filter_map(|line| {
+            line.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A held attempt does not wait for a node that has not answered yet: that
+/// node's call is heard out in the background. When the node's part would
+/// be two calls (the plain try found a place in line there, gave its grant
+/// back, and would run the script), the second must not be sent once the
+/// attempt held: it would reach the node after the hold's release and take
+/// the lock there for a hold that is over, for the whole ttl (a third of
+/// the quorum held by nobody). Here the slow node's only place in line has
+/// expired, so the script would grant the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_held_without_a_slow_node_sends_it_nothing_more() {
+    use lock_runtime::{Client, Config, Lock};
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let proxy = Proxy::start(nodes[2].port());
+    let url = format!(
+        "redis-quorum://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        nodes[0].port(),
+        nodes[1].port(),
+        proxy.port()
+    );
+    let client = Client::new(
+        Config::new(url)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    // Every node has answered this client (its tries are plain commands
+    // from then on): with the warm lock held by another on the first node,
+    // the warm try is decided by the slow node's answer.
+    redis(&nodes[0], &["SET", "lock:{warm}", "another", "PX", "60000"]);
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // An expired place in line, on the slow node only.
+    for key in ["lock:{slow}:tickets", "lock:{slow}:waiters"] {
+        redis(&nodes[2], &["ZADD", key, "1", "gone*"]);
+    }
+    redis(&nodes[2], &["CONFIG", "RESETSTAT"]);
+    proxy.stall();
+    let guard = Lock::new("slow")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .expect("held by the two other nodes");
+    // The release waits for the slow node (it answered its last call):
+    // resumed once the release is sent and done on the two others.
+    let release = tokio::spawn(async move { guard.release().await });
+    wait_until_async(
+        "the release is done on the other nodes",
+        LINE_TIMEOUT,
+        || {
+            nodes[..2]
+                .iter()
+                .all(|node| value(&redis(node, &["GET", "lock:{slow}"])).is_none())
+        },
+    )
+    .await;
+    proxy.resume();
+    release.await.unwrap().unwrap();
+    // The slow node ran the try, the release and the give-back; a script
+    // after the give-back would have taken the lock again.
+    wait_until("the slow node ran the give-back", LINE_TIMEOUT, || {
+        scripts_run(&nodes[2]) >= 2
+    });
+    let unblocked = redis(&nodes[2], &["GET", "lock:{slow}"]);
+    assert_eq!(
+        value(&unblocked),
+        None,
+        "the slow node holds the released lock"
+    );
+}

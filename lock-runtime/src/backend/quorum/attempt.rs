@@ -8,6 +8,11 @@
 //!   it). Nodes that have not answered when the attempt settles are not
 //!   waited for: their calls go on in the background, and a late grant is
 //!   given back as soon as it comes.
+//! - **Held, and the rest heard out in the background**: the caller does
+//!   not wait for the nodes yet to answer (a fenced attempt gives them a
+//!   short grace, for the largest token); their calls go on, but send
+//!   nothing more (`Ballot::settled`), so that the calls that follow the
+//!   hold on a node come after all of the attempt's.
 //! - **No waiting on a dead node**: a node that did not answer its last
 //!   call is waited for only briefly (10 ms or so; 100 ms before this client
 //!   heard from it at all) when it alone could still decide the attempt, so
@@ -132,6 +137,7 @@ impl QuorumBackend {
             },
             mine: request.mine,
             ticket: place.filter(|_| join).map_or(0, |place| self.ticket(place)),
+            settled: std::sync::atomic::AtomicBool::new(false),
         });
         // Each node gets its own timeout (a tenth of the ttl, within the
         // call deadline), whatever the caller's wait. The end of the wait
@@ -297,6 +303,21 @@ impl QuorumBackend {
             let open: Vec<usize> = (0..said.len())
                 .filter(|&node| matches!(said[node], Said::Open))
                 .collect();
+            for &node in &open {
+                // A node not heard from yet that did not answer with the
+                // majority counts as not answering until it does (its
+                // answer in the background says so): otherwise, while its
+                // hearing lasts (its whole timeout, if it is stopped), every
+                // attempt it alone could decide would give it a new node's
+                // patience (100 ms). A node that answered its last call
+                // keeps that standing: one answer later than a majority is
+                // the rule on a healthy quorum.
+                if self.nodes[node].is_unknown() {
+                    self.nodes[node].saw(Some(false));
+                }
+            }
+            // Their calls send nothing more from now on (`Ballot::settled`).
+            ballot.settled.store(true, Ordering::Release);
             self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
         }
         if let Some(error) = config_error(&mut said) {

@@ -277,10 +277,28 @@ impl Backend for QuorumBackend {
                 }
             }
             let carried = mine >= quorum || not > nodes - quorum;
-            // The other nodes are heard out in the background (a failure
-            // there is logged); the caller does not wait for them. A short
-            // grace here, a timer earlier than any the runtime sleeps
-            // until, cost every release a wake-up of the I/O driver.
+            // The nodes that answered their last call are waited for too
+            // (each within its call deadline), so that a release that
+            // returns has reached every node that answers: a process that
+            // exits right after it leaves no node holding the lock for
+            // nobody until its ttl. On a healthy quorum they answer moments
+            // after the majority; a node that stopped since its last answer
+            // holds up this release once, and is then known as down. The
+            // others (down, or not heard from yet) are heard out in the
+            // background. (No timer of its own: a short grace here, a timer
+            // earlier than any the runtime sleeps until, cost every release
+            // a wake-up of the I/O driver; issue 40.)
+            if carried {
+                while (0..nodes).any(|node| !heard[node] && self.nodes[node].is_up()) {
+                    let Some((node, answer)) = releases.next().await else {
+                        break;
+                    };
+                    heard[node] = true;
+                    if !matches!(answer, Some(Ok(_))) {
+                        failed.push((node, Silence::NoAnswer(deadline)));
+                    }
+                }
+            }
             if carried && !releases.is_empty() {
                 let nodes = Arc::clone(&self.nodes);
                 tokio::spawn(async move {

@@ -76,6 +76,15 @@ pub(crate) struct Ballot {
     pub(crate) mine: bool,
     /// The caller's ticket (0: none yet; the node's clock is used).
     pub(crate) ticket: u64,
+    /// The attempt held, and its caller went on without the nodes yet to
+    /// answer: their calls are heard out in the background, but send
+    /// nothing more (no script after a plain try that found waiters, no
+    /// retry). The hold's release, pass or renewal that the caller sends
+    /// next then reaches each node after all of the attempt's calls (one
+    /// connection keeps their order); a call sent after it could take the
+    /// lock on that node again for a hold that is over. Set by the task
+    /// that polled the calls until then, before it hands them over.
+    pub(crate) settled: std::sync::atomic::AtomicBool,
 }
 
 impl RedisBackend {
@@ -101,6 +110,13 @@ impl RedisBackend {
         {
             if let Some(vote) = self.plain_try(ballot).await? {
                 return Ok(vote);
+            }
+            if ballot.settled.load(std::sync::atomic::Ordering::Acquire) {
+                // Held without this node: nothing more is sent.
+                return Ok(Vote {
+                    kind: VoteKind::TooLate,
+                    clock_us: 0,
+                });
             }
             // Waiters in line, or the try got no answer: the script,
             // recognising a lock the try may have taken (`mine`).
@@ -235,29 +251,41 @@ impl RedisBackend {
             })
             .arg(&ballot.member);
         let (cmd, scripts) = (&cmd, self.connection.scripts());
-        let reply = self.call(keys.name(), "acquire", |mut connection, number| {
-            // A retry of this call recognises a lock its first try took.
-            let mut cmd = cmd.clone();
-            cmd.arg(u8::from(ballot.mine || number > 0 || retried))
-                .arg(ballot.ticket)
-                .arg(not_after_us);
-            match ballot.kind {
-                Kind::Read => {
-                    cmd.arg("r");
+        let reply = self
+            .call(keys.name(), "acquire", |mut connection, number| {
+                if number > 0 && ballot.settled.load(std::sync::atomic::Ordering::Acquire) {
+                    // Held without this node: not sent again.
+                    return futures_util::future::Either::Left(std::future::ready(Err(
+                        redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "the attempt held without this node",
+                        )),
+                    )));
                 }
-                Kind::Write => {
-                    cmd.arg("w");
+                // A retry of this call recognises a lock its first try took.
+                let mut cmd = cmd.clone();
+                cmd.arg(u8::from(ballot.mine || number > 0 || retried))
+                    .arg(ballot.ticket)
+                    .arg(not_after_us);
+                match ballot.kind {
+                    Kind::Read => {
+                        cmd.arg("r");
+                    }
+                    Kind::Write => {
+                        cmd.arg("w");
+                    }
+                    Kind::Semaphore {
+                        capacity, permits, ..
+                    } => {
+                        cmd.arg(permits).arg(capacity);
+                    }
+                    Kind::Exclusive => {}
                 }
-                Kind::Semaphore {
-                    capacity, permits, ..
-                } => {
-                    cmd.arg(permits).arg(capacity);
-                }
-                Kind::Exclusive => {}
-            }
-            async move { run::<Vec<redis::Value>>(script, &cmd, &mut connection, scripts).await }
-        })
-        .await?;
+                futures_util::future::Either::Right(async move {
+                    run::<Vec<redis::Value>>(script, &cmd, &mut connection, scripts).await
+                })
+            })
+            .await?;
         let at = |i: usize| match reply.get(i) {
             Some(redis::Value::Int(value)) => *value,
             _ => -1,
