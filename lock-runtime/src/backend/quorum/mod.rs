@@ -136,6 +136,11 @@ impl QuorumBackend {
     }
 }
 
+/// How long a release waits, from its send, for the nodes that answered
+/// their last call once a majority decided it: as long as the longest
+/// per-node timeout of an attempt.
+const RELEASE_PATIENCE: Duration = Duration::from_millis(500);
+
 impl Backend for QuorumBackend {
     fn fence_at_least<'a>(
         &'a self,
@@ -277,27 +282,32 @@ impl Backend for QuorumBackend {
                 }
             }
             let carried = mine >= quorum || not > nodes - quorum;
-            // The nodes that answered their last call are waited for too
-            // (each within its call deadline), so that a release that
-            // returns has reached every node that answers: a process that
-            // exits right after it leaves no node holding the lock for
-            // nobody until its ttl. On a healthy quorum they answer moments
-            // after the majority; a node that stopped since its last answer
-            // holds up this release once, and is then known as down. The
-            // others (down, or not heard from yet) are heard out in the
-            // background. (No timer of its own: a short grace here, a timer
-            // earlier than any the runtime sleeps until, cost every release
-            // a wake-up of the I/O driver; issue 40.)
+            // The nodes that answered their last call are waited for too,
+            // for at most `RELEASE_PATIENCE` from the send, so that a
+            // release that returns has reached every node that answers: a
+            // process that exits right after it leaves no node holding the
+            // lock for nobody until its ttl. On a healthy quorum they
+            // answer moments after the majority. A node that stopped since
+            // its last answer holds up this release for that long once,
+            // and is then known as down; the others (down, or not heard
+            // from yet) are not waited for. What is left is heard out in
+            // the background. (The patience ends no earlier than the timers
+            // of the attempt before it, so arming it does not wake the I/O
+            // driver; a grace of a few ms did, on every release: issue 40.)
             if carried {
-                while (0..nodes).any(|node| !heard[node] && self.nodes[node].is_up()) {
-                    let Some((node, answer)) = releases.next().await else {
-                        break;
-                    };
-                    heard[node] = true;
-                    if !matches!(answer, Some(Ok(_))) {
-                        failed.push((node, Silence::NoAnswer(deadline)));
+                let patience = sent_at + RELEASE_PATIENCE.min(deadline);
+                let _ = tokio::time::timeout_at(patience, async {
+                    while (0..nodes).any(|node| !heard[node] && self.nodes[node].is_up()) {
+                        let Some((node, answer)) = releases.next().await else {
+                            break;
+                        };
+                        heard[node] = true;
+                        if !matches!(answer, Some(Ok(_))) {
+                            failed.push((node, Silence::NoAnswer(deadline)));
+                        }
                     }
-                }
+                })
+                .await;
             }
             if carried && !releases.is_empty() {
                 let nodes = Arc::clone(&self.nodes);
