@@ -1466,3 +1466,40 @@ async fn a_try_is_plain_commands_and_still_defers_to_the_line() {
     )
     .await;
 }
+
+/// A lock held by another is `Busy`, not "too few nodes answered", when the
+/// nodes that fail fail at once (2 of 5 killed: connections refused, and
+/// not dialed again for a moment) and the first live node's refusal comes
+/// before the other live nodes' answers: the attempt can no longer be
+/// granted, but whether a majority answered is known only once they did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_is_busy_with_a_killed_minority() {
+    let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let holder = Lock::new("held")
+        .ttl(Duration::from_secs(30))
+        .client(quorum_client(&nodes))
+        .try_acquire()
+        .await
+        .unwrap();
+    let client = quorum_client(&nodes);
+    // Connections open to every node before two are killed.
+    Lock::new("warm")
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    for node in &mut nodes[..2] {
+        node.kill();
+    }
+    for round in 0..50 {
+        let taken = Lock::new("held").client(client.clone()).try_acquire().await;
+        assert!(
+            matches!(taken, Err(LockError::Busy { .. })),
+            "try {round}: {taken:?}"
+        );
+    }
+    drop(holder);
+}

@@ -180,8 +180,15 @@ impl QuorumBackend {
                 // fails them as fast as the script.
                 let plain = nodes[node].is_up();
                 Box::pin(async move {
+                    if let Some(refused) = nodes[node].refusing(ballot.keys.name(), "acquire") {
+                        return (node, Some(Err(refused)));
+                    }
                     let vote = nodes[node].redis.vote(&ballot, not_after, plain);
-                    (node, tokio::time::timeout(timeout, vote).await.ok())
+                    let answer = tokio::time::timeout(timeout, vote).await.ok();
+                    if let Some(result) = &answer {
+                        nodes[node].after(result);
+                    }
+                    (node, answer)
                 }) as NodeCall
             })
             .collect();
@@ -192,13 +199,26 @@ impl QuorumBackend {
                 .filter(|said| matches!(said, Said::Voted(VoteKind::Granted { .. }, _)))
                 .count()
         };
-        // Settled as soon as a majority granted it, or can no longer; the
-        // nodes that failed their last call get only a short patience when
-        // they alone could still make the majority.
+        // Settled as soon as a majority granted it, or can no longer (and
+        // a majority answered, or can no longer); the nodes that failed
+        // their last call get only a short patience when they alone could
+        // still make the majority.
         let mut cutoff: Option<Instant> = None;
         loop {
             let yes = granted(&said);
-            if yes >= quorum || yes + pending.len() < quorum {
+            if yes >= quorum {
+                break;
+            }
+            // No longer grantable: settled once it is also known whether a
+            // majority answered (busy) or can no longer answer (an error).
+            // A node that fails at once (a refused connection) must not
+            // turn a busy lock into "too few nodes answered" while the
+            // others' answers are on their way.
+            let voted = said
+                .iter()
+                .filter(|said| matches!(said, Said::Voted(..)))
+                .count();
+            if yes + pending.len() < quorum && (voted >= quorum || voted + pending.len() < quorum) {
                 break;
             }
             // Armed once some node answered (a new client's first answers

@@ -39,7 +39,12 @@ impl QuorumBackend {
                 async move {
                     let (keys, token, next) = &*shared;
                     // Bounded by the call's own deadline (`Connection::call`).
+                    if let Some(refused) = nodes[i].refusing(keys.name(), "pass") {
+                        nodes[i].saw(Some(false));
+                        return (i, Err(refused));
+                    }
                     let answer = nodes[i].redis.pass_on_node(keys, token, next, ttl_ms).await;
+                    nodes[i].after(&answer);
                     nodes[i].saw(Some(answered(&answer)));
                     (i, answer)
                 }

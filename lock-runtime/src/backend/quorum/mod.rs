@@ -234,6 +234,10 @@ impl Backend for QuorumBackend {
                     let (nodes, shared) = (Arc::clone(&self.nodes), Arc::clone(&shared));
                     async move {
                         let (node, (keys, token)) = (&nodes[i].redis, &*shared);
+                        if let Some(refused) = nodes[i].refusing(keys.name(), "release") {
+                            nodes[i].saw(Some(false));
+                            return (i, Some(Err(refused)));
+                        }
                         let release = async {
                             if waking {
                                 node.release_waking(kind, keys, token, "").await
@@ -244,6 +248,9 @@ impl Backend for QuorumBackend {
                         // Bounded by the call's own deadline (`Connection::call`):
                         // no timer of its own.
                         let answer = Some(release.await);
+                        if let Some(result) = &answer {
+                            nodes[i].after(result);
+                        }
                         nodes[i].saw(Some(answer.as_ref().is_some_and(answered)));
                         (i, answer)
                     }
