@@ -68,15 +68,24 @@ async fn the_lock_is_taken_exactly_when_a_majority_is_free() {
             // Nothing left of the attempt on any node (a stopped node runs
             // the attempt and its give-back when it resumes), well before
             // the attempt's 4 s ttl would have removed it.
-            wait_until(
-                "no node keeps the attempt",
-                Duration::from_millis(3000),
-                || {
-                    nodes
-                        .iter()
-                        .all(|node| get(node, key).is_none_or(|held| held == "other"))
-                },
-            );
+            let kept = || -> Vec<(usize, String)> {
+                nodes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, node)| get(node, key).map(|held| (i, held)))
+                    .filter(|(_, held)| held != "other")
+                    .collect()
+            };
+            let deadline = std::time::Instant::now() + Duration::from_millis(3000);
+            while !kept().is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "n={n}, unavailable {unavailable:?}, stopped {stopped:?}: nodes keep the \
+                     attempt: {:?}",
+                    kept()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
             for node in &nodes {
                 redis(node, &["DEL", key]);
             }

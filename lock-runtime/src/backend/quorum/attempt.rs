@@ -313,9 +313,10 @@ impl QuorumBackend {
                 }
             }
         } else if held {
-            // Held: the other nodes are heard out in the background, within
-            // their timeout, for their health; the caller does not wait for
-            // them. Their calls go on, so a healthy node is not left out of
+            // Held: when each of them answered its last call (its
+            // connection open), the other nodes are heard out in the
+            // background, within their timeout, for their health; the
+            // caller does not wait for them. Their calls go on, so a healthy node is not left out of
             // the hold (a grant that lands there holds the same value, which
             // the release matches). (The grace above, a timer earlier than
             // any the runtime sleeps until, cost every acquisition a wake-up
@@ -323,22 +324,31 @@ impl QuorumBackend {
             let open: Vec<usize> = (0..said.len())
                 .filter(|&node| matches!(said[node], Said::Open))
                 .collect();
-            for &node in &open {
-                // A node not heard from yet that did not answer with the
-                // majority counts as not answering until it does (its
-                // answer in the background says so): otherwise, while its
-                // hearing lasts (its whole timeout, if it is stopped), every
+            if open.iter().all(|&node| self.nodes[node].is_up()) {
+                // Their calls send nothing more from now on
+                // (`Ballot::settled`).
+                ballot.settled.store(true, Ordering::Release);
+                self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
+            } else {
+                // A node not heard from yet (or that failed its last call)
+                // may still be connecting: its call, heard out in the
+                // background, would be sent when the connection opens,
+                // perhaps after the hold's release, and take the lock there
+                // for a hold that is over (seen: a new client's first
+                // attempt left its value on the fifth node for the whole
+                // ttl). Dropped here, a call not sent yet never is; one
+                // sent lands before the release, which follows it on the
+                // same connection. Such a node counts as not answering
+                // until it answers (else, while it is stopped, every
                 // attempt it alone could decide would give it a new node's
-                // patience (100 ms). A node that answered its last call
-                // keeps that standing: one answer later than a majority is
-                // the rule on a healthy quorum.
-                if self.nodes[node].is_unknown() {
-                    self.nodes[node].saw(Some(false));
+                // patience of 100 ms); a node that answered its last call
+                // keeps that standing.
+                for &node in &open {
+                    if self.nodes[node].is_unknown() {
+                        self.nodes[node].saw(Some(false));
+                    }
                 }
             }
-            // Their calls send nothing more from now on (`Ballot::settled`).
-            ballot.settled.store(true, Ordering::Release);
-            self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
         }
         if let Some(error) = config_error(&mut said) {
             // A node refused the semaphore's capacity: the caller's error,
