@@ -288,14 +288,27 @@ impl QuorumBackend {
         let worth_waiting = (0..said.len())
             .any(|node| matches!(said[node], Said::Open) && !self.nodes[node].is_down());
         let held = granted(&said) >= quorum && !pending.is_empty() && worth_waiting;
-        if held && request.fence_retention_ms.is_some() {
-            // Held with a fencing token: the other nodes get a short grace
-            // to answer too (about as long again as the majority took), so
+        // Heard out in the background only when each node yet to answer
+        // answered its last call (its connection open: its call was sent
+        // when the attempt started).
+        let all_up = (0..said.len())
+            .filter(|&node| matches!(said[node], Said::Open))
+            .all(|node| self.nodes[node].is_up());
+        if held && (request.fence_retention_ms.is_some() || !all_up) {
+            // A short grace for the others to answer too (about as long
+            // again as the majority took); a stopped one is not waited for.
+            // Never past the nodes' own timeout. With a fencing token, so
             // that the token is the largest of as many nodes as answer in
             // time (a token written back to fewer nodes, or to nodes that
-            // restarted empty since, is still exceeded; design §13); a
-            // stopped one is not waited for. Never past the nodes' own
-            // timeout.
+            // restarted empty since, is still exceeded; design §13). With a
+            // node not heard from yet (a new client's first attempt, its
+            // connections perhaps still opening), so that the call gets to
+            // it and the node is not left out of the hold: a call heard out
+            // in the background instead could be sent, once its connection
+            // opened, after the hold's release, and take the lock there for
+            // a hold that is over; dropped after the grace, a call not sent
+            // yet never is, and one sent lands before the release, which
+            // follows it on the same connection.
             let grace = (started.elapsed() * 2)
                 .max(Duration::from_millis(2))
                 .min(timeout.saturating_sub(started.elapsed()));
@@ -313,42 +326,19 @@ impl QuorumBackend {
                 }
             }
         } else if held {
-            // Held: when each of them answered its last call (its
-            // connection open), the other nodes are heard out in the
+            // Held, every node yet to answer up: they are heard out in the
             // background, within their timeout, for their health; the
-            // caller does not wait for them. Their calls go on, so a healthy node is not left out of
-            // the hold (a grant that lands there holds the same value, which
-            // the release matches). (The grace above, a timer earlier than
-            // any the runtime sleeps until, cost every acquisition a wake-up
-            // of the I/O driver: issue 40.)
+            // caller does not wait for them. Their calls go on, so a
+            // healthy node is not left out of the hold (a grant that lands
+            // there holds the same value, which the release matches), but
+            // send nothing more (`Ballot::settled`). (A grace here, a timer
+            // earlier than any the runtime sleeps until, cost every
+            // acquisition a wake-up of the I/O driver: issue 40.)
             let open: Vec<usize> = (0..said.len())
                 .filter(|&node| matches!(said[node], Said::Open))
                 .collect();
-            if open.iter().all(|&node| self.nodes[node].is_up()) {
-                // Their calls send nothing more from now on
-                // (`Ballot::settled`).
-                ballot.settled.store(true, Ordering::Release);
-                self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
-            } else {
-                // A node not heard from yet (or that failed its last call)
-                // may still be connecting: its call, heard out in the
-                // background, would be sent when the connection opens,
-                // perhaps after the hold's release, and take the lock there
-                // for a hold that is over (seen: a new client's first
-                // attempt left its value on the fifth node for the whole
-                // ttl). Dropped here, a call not sent yet never is; one
-                // sent lands before the release, which follows it on the
-                // same connection. Such a node counts as not answering
-                // until it answers (else, while it is stopped, every
-                // attempt it alone could decide would give it a new node's
-                // patience of 100 ms); a node that answered its last call
-                // keeps that standing.
-                for &node in &open {
-                    if self.nodes[node].is_unknown() {
-                        self.nodes[node].saw(Some(false));
-                    }
-                }
-            }
+            ballot.settled.store(true, Ordering::Release);
+            self.hear_out_in_background(std::mem::take(&mut pending), open, started + timeout);
         }
         if let Some(error) = config_error(&mut said) {
             // A node refused the semaphore's capacity: the caller's error,
