@@ -1494,16 +1494,8 @@ async fn a_held_lock_is_busy_with_a_killed_minority() {
         .try_acquire()
         .await
         .unwrap();
-    let client = quorum_client(&nodes);
     // Connections open to every node before two are killed.
-    Lock::new("warm")
-        .client(client.clone())
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    let client = ready_quorum_client(&nodes).await;
     for node in &mut nodes[..2] {
         node.kill();
     }
