@@ -17,6 +17,7 @@ pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod replay;
 pub(crate) mod set_by_key;
+mod set_switch;
 pub(crate) mod watch;
 pub(crate) mod watch_set;
 

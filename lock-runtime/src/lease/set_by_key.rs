@@ -29,6 +29,7 @@ use crate::lease::guard::LockGuard;
 use crate::lease::hold::{drift_margin, Hold};
 use crate::lease::multi::{raise_fences, SetAcquisition};
 use crate::lease::release::spawn_release;
+use crate::lease::set_switch::{confirm_after_switch, switches_seen};
 use std::sync::Arc;
 
 /// What a round of tries of every key found.
@@ -59,9 +60,10 @@ impl SetAcquisition<'_> {
         // after 4 s, its give-back on a connection that had stopped
         // answering).
         let give_back_by = self.deadline().map_or(until, |end| end.min(until));
+        let seen = switches_seen(members[0]);
         let tried = try_each(members, self.wait.is_some(), until, give_back_by).await?;
         let (index, unanswered) = match tried {
-            Tried::All(guards) => match finish(members, guards, self.started).await? {
+            Tried::All(guards) => match finish(members, guards, self.started, seen).await? {
                 Finished::Set(guards) => return Ok(guards),
                 Finished::Expired(index, error) => {
                     if self.wait.is_none() {
@@ -148,6 +150,7 @@ impl SetAcquisition<'_> {
             let notified = any_notified(&lines);
             share_ticket(&lines);
             let refresh = refreshed.is_none_or(|at| at.elapsed() >= PLACE_REFRESH);
+            let seen = switches_seen(first);
             let mut round = Round::of(members, &lines, respect, start, refresh, deadline).await?;
             if round.every_key {
                 refreshed = Some(Instant::now());
@@ -158,7 +161,7 @@ impl SetAcquisition<'_> {
                     .drain(..)
                     .map(|mut taken| members[taken.index].guard_of(taken.keep()))
                     .collect();
-                match finish(members, guards, self.started).await? {
+                match finish(members, guards, self.started, seen).await? {
                     Finished::Set(guards) => return Ok(guards),
                     // Released in the background; tried again, as after
                     // a round whose servers did not answer, while the wait
@@ -551,26 +554,30 @@ async fn give_back(taken: Vec<LockGuard>) {
 /// A set whose every key was taken, as [`finish`] leaves it.
 enum Finished {
     Set(Vec<LockGuard>),
-    /// The key at this index was valid no longer ([`expired_key`]): the
-    /// keys are released in the background.
+    /// The key at this index was valid no longer ([`expired_key`]), or
+    /// was not found on its new primary after a switch (`set_switch.rs`):
+    /// the keys are released in the background.
     Expired(usize, LockError),
 }
 
 /// The set, taken: with `fencing`, one token for all of it; not handed out
-/// if a key's validity is over by then.
+/// if a key's validity is over by then, or if a key a switch of primary
+/// learned of since `seen` (the round's start) concerns is not found where
+/// calls go now (`set_switch.rs`).
 async fn finish(
     members: &[&Acquisition<'_>],
     guards: Vec<LockGuard>,
     started: Instant,
+    seen: Option<u64>,
 ) -> Result<Finished, LockError> {
     let first = members[0];
+    // Part of the acquisition: within one call deadline of its wait's end
+    // (of its start, for a try), as its attempts are (lock-sim sentinel
+    // seed 6035: a set's try 740 ms against a 680 ms bound, the write-back
+    // a whole deadline after the keys).
+    let call_deadline = first.core.call_deadline();
+    let until = first.deadline.unwrap_or(started).max(started) + call_deadline;
     if first.settings.fencing {
-        // Part of the acquisition: within one call deadline of its wait's
-        // end (of its start, for a try), as its attempts are (lock-sim
-        // sentinel seed 6035: a set's try 740 ms against a 680 ms bound,
-        // the write-back a whole deadline after the keys).
-        let call_deadline = first.core.call_deadline();
-        let until = first.deadline.unwrap_or(started).max(started) + call_deadline;
         let raised = match tokio::time::timeout_at(until, raise_fences(first, &guards)).await {
             Ok(raised) => raised,
             Err(_elapsed) => Err(LockError::redis(
@@ -580,6 +587,18 @@ async fn finish(
             )),
         };
         if let Err(error) = raised {
+            not_handed_out(&guards);
+            return Err(error);
+        }
+    }
+    match confirm_after_switch(members, &guards, seen, until).await {
+        Ok(None) => {}
+        // Each guard's drop releases its key in the background.
+        Ok(Some((index, error))) => {
+            not_handed_out(&guards);
+            return Ok(Finished::Expired(index, error));
+        }
+        Err(error) => {
             not_handed_out(&guards);
             return Err(error);
         }
