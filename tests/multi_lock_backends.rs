@@ -252,6 +252,60 @@ async fn a_quorum_takes_a_set_key_by_key() {
     x_y_and_y_x(&quorum_url(&nodes), &bookkeeping, "qx", "qy", 100);
 }
 
+/// A fenced set that waits as long as it takes (`Duration::MAX`), taken
+/// key by key after a wait longer than a call deadline: its fencing
+/// write-back is bounded by one call deadline from the round that took the
+/// keys. Bounded from the set's start, as it was, the write-back had no
+/// time left and the set failed with a Redis error once its keys were free.
+/// Its locks are listed in the set's order, though the round that took
+/// them began with the key found busy (it listed them in the round's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_set_without_a_wait_limit_is_taken_after_a_long_wait() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    // A call deadline of 400 ms.
+    let client = Client::new(
+        Config::new(quorum_url(&nodes))
+            .connect_timeout(Duration::from_millis(200))
+            .response_timeout(Duration::from_millis(200)),
+    )
+    .unwrap();
+    open_connections(&client, &nodes).await;
+    // The set's keys get a token each; the largest is written back to the
+    // other key's fence.
+    let held = Lock::new("ub")
+        .ttl(Duration::from_secs(30))
+        .client(client.clone())
+        .try_acquire()
+        .await
+        .unwrap();
+    let set = Lock::all(["ua", "ub"])
+        .fencing()
+        .wait(Duration::MAX)
+        .client(client.clone());
+    let waiting = tokio::spawn(async move { set.acquire().await });
+    wait_until_async("the set waits for ub", LINE_TIMEOUT, || {
+        nodes.iter().all(|node| {
+            value(&redis(node, &["EXISTS", "lock:{ub}:tickets"])).as_deref() == Some("1")
+        })
+    })
+    .await;
+    // Longer than a call deadline since the set began.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(LINE_TIMEOUT, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the set is taken once its keys are free");
+    let fence = guard.fencing_token().unwrap();
+    assert!(guard
+        .locks()
+        .all(|lock| lock.fencing_token() == Some(fence)));
+    let names: Vec<&str> = guard.locks().map(|lock| lock.name()).collect();
+    assert_eq!(names, ["ua", "ub"]);
+    guard.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_dropped_while_nodes_stall_leaves_nothing_behind() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();

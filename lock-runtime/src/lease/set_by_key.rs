@@ -156,6 +156,9 @@ impl SetAcquisition<'_> {
                 refreshed = Some(Instant::now());
             }
             if round.taken.len() == members.len() {
+                // In the members' order (the round took them from the key
+                // found busy last): the set's guards are listed that way.
+                round.taken.sort_by_key(|taken| taken.index);
                 let guards = round
                     .taken
                     .drain(..)
@@ -575,8 +578,14 @@ async fn finish(
     // (of its start, for a try), as its attempts are (lock-sim sentinel
     // seed 6035: a set's try 740 ms against a 680 ms bound, the write-back
     // a whole deadline after the keys).
+    // A wait too long to count (no deadline) bounds each round by one call
+    // deadline from its end instead: from the set's start, a round that
+    // ended later would fail at once (design §3).
     let call_deadline = first.core.call_deadline();
-    let until = first.deadline.unwrap_or(started).max(started) + call_deadline;
+    let until = match (first.settings.wait, first.deadline) {
+        (Some(_), None) => Instant::now() + call_deadline,
+        (_, deadline) => deadline.unwrap_or(started).max(started) + call_deadline,
+    };
     if first.settings.fencing {
         let raised = match tokio::time::timeout_at(until, raise_fences(first, &guards)).await {
             Ok(raised) => raised,
@@ -591,17 +600,12 @@ async fn finish(
             return Err(error);
         }
     }
-    match confirm_after_switch(members, &guards, seen, until).await {
-        Ok(None) => {}
-        // Each guard's drop releases its key in the background.
-        Ok(Some((index, error))) => {
-            not_handed_out(&guards);
-            return Ok(Finished::Expired(index, error));
-        }
-        Err(error) => {
-            not_handed_out(&guards);
-            return Err(error);
-        }
+    // A key not found where calls go now, or not checked in time: as a
+    // round whose keys were not all valid (a waiting set tries again while
+    // its wait lasts). Each guard's drop releases its key in the background.
+    if let Some((index, error)) = confirm_after_switch(members, &guards, seen, until).await {
+        not_handed_out(&guards);
+        return Ok(Finished::Expired(index, error));
     }
     Ok(match expired_key(members, &guards, started) {
         None => Finished::Set(guards),

@@ -36,33 +36,46 @@ pub(super) fn switches_seen(first: &Acquisition<'_>) -> Option<u64> {
         .map(|switches| switches.current())
 }
 
-/// `Ok(None)` if every key of the set is known to be held where calls go
-/// now (no switch concerning one of them was learned since `seen`, or each
-/// such key, renewed after the hold-back, still held the set's token);
-/// `Ok(Some((index, error)))` if the key of the member at `index` was not
-/// found there (the set is not to be handed out). `Err` if the hold-back or the
-/// renewals would end past `until`, or a renewal was not answered.
+/// `None` if every key of the set is known to be held where calls go now
+/// (no switch concerning one of them was learned since `seen`, or each such
+/// key, renewed after the hold-back, still held the set's token). Otherwise
+/// the set is not to be handed out: `Some((index, error))`, the member at
+/// `index` not found there, or not checked (the hold-back or the renewals
+/// would end past `until`, or a renewal was not answered).
 pub(super) async fn confirm_after_switch(
     members: &[&Acquisition<'_>],
     guards: &[LockGuard],
     seen: Option<u64>,
     until: Instant,
-) -> Result<Option<(usize, LockError)>, LockError> {
+) -> Option<(usize, LockError)> {
     let first = members[0];
-    let (Some(mut seen), Some(switches)) = (seen, first.core.backend().switches()) else {
-        return Ok(None);
+    let (Some(seen), Some(switches)) = (seen, first.core.backend().switches()) else {
+        return None;
     };
+    confirm(members, guards, seen, until, &switches).await.err()
+}
+
+/// [`confirm_after_switch`], its outcome as an error: the member's index
+/// and what it found.
+async fn confirm(
+    members: &[&Acquisition<'_>],
+    guards: &[LockGuard],
+    mut seen: u64,
+    until: Instant,
+    switches: &Arc<Switches>,
+) -> Result<(), (usize, LockError)> {
     // Again while a renewal learns of a further switch (a failover and
     // the one back), bounded by `until`.
     loop {
         // The common case: one atomic load.
-        if switches.current() == seen {
-            return Ok(None);
+        let current = switches.current();
+        if current == seen {
+            return Ok(());
         }
         let learned = switches.since(seen);
-        if learned.is_empty() {
-            return Ok(None);
-        }
+        // A switch learned from here on (during the hold-back below, say,
+        // concerning another key of the set) is looked at by the next turn.
+        seen = current;
         let concerned: Vec<usize> = guards
             .iter()
             .enumerate()
@@ -75,15 +88,12 @@ pub(super) async fn confirm_after_switch(
             .map(|(index, _)| index)
             .collect();
         if concerned.is_empty() {
-            return Ok(None);
+            continue;
         }
         for &index in &concerned {
-            wait_out_hold_back(&switches, members, guards, index, until).await?;
+            wait_out_hold_back(switches, members, guards, index, until).await?;
         }
-        seen = switches.current();
-        if let Some(lost) = renew_each(members, guards, &concerned, until).await? {
-            return Ok(Some(lost));
-        }
+        renew_each(members, guards, &concerned, until).await?;
     }
 }
 
@@ -94,7 +104,7 @@ async fn wait_out_hold_back(
     guards: &[LockGuard],
     index: usize,
     until: Instant,
-) -> Result<(), LockError> {
+) -> Result<(), (usize, LockError)> {
     let keys = &guards[index].hold().keys;
     while let Some(end) = switches.held_back(|| Some(slot(&keys.lock))) {
         if end > until {
@@ -113,15 +123,16 @@ async fn renew_each(
     guards: &[LockGuard],
     concerned: &[usize],
     until: Instant,
-) -> Result<Option<(usize, LockError)>, LockError> {
+) -> Result<(), (usize, LockError)> {
     // A key whose renewal driver already found it gone (on a switch, it
-    // renews at once every lock the switch concerns) is not asked again.
-    if let Some(&index) = concerned
+    // renews at once every lock the switch concerns) is not asked again,
+    // whichever switch it was.
+    if let Some(index) = guards
         .iter()
-        .find(|&&index| guards[index].hold().reported_loss().is_some())
+        .position(|guard| guard.hold().reported_loss().is_some())
     {
         let (member, name) = member_of(members, guards, index);
-        return Ok(Some((member, missing(name))));
+        return Err((member, missing(name)));
     }
     let backend = members[0].core.backend();
     let round_trips = AtomicU64::new(0);
@@ -147,13 +158,13 @@ async fn renew_each(
         match found {
             Ok(found) => match found.first().copied().flatten() {
                 Some(Found::Mine) => hold.extend_for(sent_at, hold.ttl),
-                Some(_) => return Ok(Some((member, missing(name)))),
-                None => return Err(unconfirmed(name)),
+                Some(_) => return Err((member, missing(name))),
+                None => return Err((member, unconfirmed(name))),
             },
-            Err(source) => return Err(LockError::redis(name, "acquire", source)),
+            Err(source) => return Err((member, LockError::redis(name, "acquire", source))),
         }
     }
-    Ok(None)
+    Ok(())
 }
 
 /// The index and name of the member whose key the guard at `index` holds
@@ -171,10 +182,15 @@ fn member_of<'a>(
     (member, members[member].name)
 }
 
-fn timed_out(members: &[&Acquisition<'_>], guards: &[LockGuard], index: usize) -> LockError {
-    let (_, name) = member_of(members, guards, index);
+fn timed_out(
+    members: &[&Acquisition<'_>],
+    guards: &[LockGuard],
+    index: usize,
+) -> (usize, LockError) {
+    let (member, name) = member_of(members, guards, index);
     let deadline = members[0].core.call_deadline();
-    LockError::redis(name, "acquire", crate::transport::timed_out(deadline))
+    let error = LockError::redis(name, "acquire", crate::transport::timed_out(deadline));
+    (member, error)
 }
 
 fn missing(name: &str) -> LockError {
