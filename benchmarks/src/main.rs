@@ -20,6 +20,7 @@
 mod acknowledged;
 mod cluster;
 mod compare;
+mod cpu_time;
 mod implementations;
 mod multi;
 mod process_usage;

@@ -17,19 +17,7 @@ pub(crate) fn resident_bytes() -> u64 {
     pages * page_size
 }
 
-/// User + system CPU time used by this process so far.
-pub(crate) fn cpu_time() -> Duration {
-    // SAFETY: getrusage writes into the struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |time: libc::timeval| {
-        Duration::from_secs(time.tv_sec as u64) + Duration::from_micros(time.tv_usec as u64)
-    };
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
-}
+pub(crate) use crate::cpu_time::cpu_time;
 
 /// used_cpu_sys + used_cpu_user of the Redis server, from INFO cpu; of every
 /// node, added up, for a cluster.

@@ -32,18 +32,9 @@ fn option(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage fills the struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |time: libc::timeval| {
-        Duration::from_secs(time.tv_sec as u64) + Duration::from_micros(time.tv_usec as u64)
-    };
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
-}
+#[path = "../cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_time;
 
 /// The floor: each task a clone of one multiplexed connection.
 async fn floor(connection: &MultiplexedConnection, script: &Arc<redis::Script>, per_task: usize) {

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redis::aio::MultiplexedConnection;
 use test_support::RedisServer;
@@ -36,22 +36,9 @@ fn option(args: &[String], name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// This process's CPU time, user and system.
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage writes into the struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let time = |tv: libc::timeval| {
-        Duration::new(
-            u64::try_from(tv.tv_sec).unwrap_or(0),
-            u32::try_from(tv.tv_usec).unwrap_or(0) * 1000,
-        )
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
+#[path = "../cpu_time.rs"]
+mod cpu_time;
+use cpu_time::cpu_time;
 
 /// One command in RESP.
 fn encode(args: &[&[u8]]) -> Vec<u8> {
