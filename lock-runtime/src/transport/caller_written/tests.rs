@@ -1,0 +1,259 @@
+//! The caller-written connection against real servers: the values the
+//! `redis` crate's own connection gives, the login, and what breaks it.
+
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use redis::aio::MultiplexedConnection;
+use test_support::RedisServer;
+
+use super::*;
+
+fn client(url: &str) -> redis::Client {
+    redis::Client::open(url).expect("a valid URL")
+}
+
+async fn both(url: &str) -> (CallerWritten, MultiplexedConnection) {
+    let node = client(url);
+    let written = CallerWritten::open(&node, Some(Duration::from_secs(10)))
+        .await
+        .expect("opened");
+    let multiplexed = node
+        .get_multiplexed_async_connection()
+        .await
+        .expect("opened");
+    (written, multiplexed)
+}
+
+fn cmd(args: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+#[tokio::test]
+async fn replies_are_the_crate_connections_values() {
+    // The same calls to two servers, one through each connection.
+    let (ours, theirs) = (RedisServer::start(), RedisServer::start());
+    let (written, _) = both(&ours.url()).await;
+    let (_, mut multiplexed) = both(&theirs.url()).await;
+    let big = vec![b'x'; 300_000];
+    let calls: Vec<Vec<&[u8]>> = vec![
+        vec![b"SET", b"k", b"v"],
+        vec![b"GET", b"k"],
+        vec![b"GET", b"missing"],
+        vec![b"INCR", b"counter"],
+        vec![b"LPUSH", b"k", b"a"],
+        vec![b"SET", b"big", &big],
+        vec![b"GET", b"big"],
+        vec![
+            b"EVAL",
+            b"return {1, 'two', {false, redis.error_reply('ERR inner')}, redis.status_reply('FINE')}",
+            b"0",
+        ],
+        vec![b"EVAL", b"return redis.error_reply('CUSTOM failed here')", b"0"],
+        vec![b"NOSUCHCOMMAND"],
+        vec![b"HSET", b"h", b"f", b"1", b"g", b"2"],
+        vec![b"HGETALL", b"h"],
+    ];
+    for call in &calls {
+        let command = cmd(call);
+        let ours = written.send(&command).await.expect("an answer");
+        let theirs = multiplexed
+            .send_packed_command(&command)
+            .await
+            .expect("an answer");
+        assert_eq!(ours, theirs, "{:?}", String::from_utf8_lossy(call[0]));
+    }
+
+    let mut pipeline = redis::pipe();
+    pipeline
+        .cmd("SET")
+        .arg("p")
+        .arg("1")
+        .cmd("INCR")
+        .arg("p")
+        .cmd("LPUSH")
+        .arg("p")
+        .arg("x")
+        .cmd("GET")
+        .arg("p");
+    for (offset, count) in [(0, 4), (1, 2), (3, 1)] {
+        let ours = written.send_pipeline(&pipeline, offset, count).await;
+        let theirs = multiplexed
+            .send_packed_commands(&pipeline, offset, count)
+            .await;
+        assert_eq!(ours.expect("answers"), theirs.expect("answers"));
+    }
+
+    let mut transaction = redis::pipe();
+    transaction
+        .atomic()
+        .cmd("INCR")
+        .arg("t")
+        .cmd("INCR")
+        .arg("t");
+    let ours = written.send_pipeline(&transaction, 3, 1).await;
+    let theirs = multiplexed.send_packed_commands(&transaction, 3, 1).await;
+    assert_eq!(ours.expect("answers"), theirs.expect("answers"));
+}
+
+#[tokio::test]
+async fn it_logs_in_and_uses_the_urls_database() {
+    let server = RedisServer::start();
+    server
+        .command(&["ACL", "SETUSER", "locker", "on", ">secret", "~*", "+@all"])
+        .expect("a user");
+    server
+        .command(&["CONFIG", "SET", "requirepass", "defaultpass"])
+        .expect("a password");
+    let port = server.port();
+
+    let (written, mut multiplexed) =
+        both(&format!("redis://locker:secret@127.0.0.1:{port}/3")).await;
+    assert_eq!(written.db(), 3);
+    written
+        .send(redis::cmd("SET").arg("in-three").arg("yes"))
+        .await
+        .expect("set");
+    let read: Option<String> = redis::cmd("GET")
+        .arg("in-three")
+        .query_async(&mut multiplexed)
+        .await
+        .expect("read");
+    assert_eq!(read.as_deref(), Some("yes"), "written in database 3");
+    let whoami = written.send(&redis::cmd("ACL").arg("WHOAMI").clone()).await;
+    assert_eq!(
+        whoami.expect("answer"),
+        Value::BulkString(b"locker".to_vec())
+    );
+    let info = written
+        .send(redis::cmd("CLIENT").arg("INFO"))
+        .await
+        .expect("answer");
+    let info: String = redis::from_redis_value(info).expect("text");
+    // Redis 7.2 and later show the library's name.
+    if info.contains("lib-name=") {
+        assert!(info.contains("lib-name=lock-runtime"), "{info}");
+    }
+
+    // The password alone logs in as the default user.
+    let (written, _) = both(&format!("redis://:defaultpass@127.0.0.1:{port}")).await;
+    let whoami = written.send(&redis::cmd("ACL").arg("WHOAMI").clone()).await;
+    assert_eq!(
+        whoami.expect("answer"),
+        Value::BulkString(b"default".to_vec())
+    );
+
+    for url in [
+        format!("redis://locker:wrong@127.0.0.1:{port}"),
+        format!("redis://:wrong@127.0.0.1:{port}"),
+    ] {
+        let refused = CallerWritten::open(&client(&url), Some(Duration::from_secs(10)))
+            .await
+            .err()
+            .expect("a wrong password is refused");
+        assert_eq!(refused.kind(), ErrorKind::AuthenticationFailed, "{refused}");
+        assert!(!refused.to_string().contains("wrong"), "{refused}");
+    }
+
+    let refused = CallerWritten::open(
+        &client(&format!("redis://:defaultpass@127.0.0.1:{port}/99")),
+        Some(Duration::from_secs(10)),
+    )
+    .await
+    .err()
+    .expect("database 99 does not exist");
+    assert!(refused.to_string().contains("switch database"), "{refused}");
+}
+
+/// Whether the server shows a client blocked in `command`.
+fn blocked_in(server: &RedisServer, command: &str) -> bool {
+    server
+        .command(&["CLIENT", "LIST"])
+        .map(|list| list.contains(&format!("cmd={command}")))
+        .unwrap_or(false)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("not seen within 10 s: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_fails_the_calls_waiting_and_every_later_one() {
+    let mut server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    let waiting = tokio::spawn({
+        let written = written.clone();
+        async move { written.send(redis::cmd("BLPOP").arg("never").arg(0)).await }
+    });
+    tokio::task::block_in_place(|| wait_for("BLPOP blocked", || blocked_in(&server, "blpop")));
+    server.kill();
+    let failed = waiting.await.expect("joined").expect_err("the server died");
+    assert!(failed.is_io_error(), "{failed}");
+    assert!(written.is_broken());
+    let later = written
+        .send(&redis::cmd("PING"))
+        .await
+        .expect_err("it broke");
+    assert!(later.is_io_error(), "{later}");
+}
+
+#[tokio::test]
+async fn a_call_given_up_after_its_write_leaves_the_connection_in_step() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    written
+        .send(redis::cmd("SET").arg("first").arg("1"))
+        .await
+        .expect("set");
+    written
+        .send(redis::cmd("SET").arg("second").arg("2"))
+        .await
+        .expect("set");
+    // One poll on this one-thread runtime: the command is written (a few
+    // bytes to an idle socket), and its reply cannot have been read yet.
+    let given_up = written.send(redis::cmd("GET").arg("first")).now_or_never();
+    assert!(
+        given_up.is_none(),
+        "given up before its reply: {given_up:?}"
+    );
+    assert!(!written.is_broken());
+    let second = written
+        .send(redis::cmd("GET").arg("second"))
+        .await
+        .expect("an answer");
+    assert_eq!(second, Value::BulkString(b"2".to_vec()), "its own reply");
+}
+
+#[tokio::test]
+async fn a_call_given_up_in_the_middle_of_its_write_breaks_the_connection() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    // A stopped server reads nothing: 64 MB cannot all go into the
+    // socket's buffers in the one poll the call gets.
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
+    let value = vec![b'x'; 64 << 20];
+    let given_up = written
+        .send(redis::cmd("SET").arg("big").arg(&value))
+        .now_or_never();
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
+    assert!(given_up.is_none(), "given up in the middle of its write");
+    assert!(written.is_broken(), "half a command was written");
+    let later = written
+        .send(&redis::cmd("PING"))
+        .await
+        .expect_err("it broke");
+    assert!(later.is_io_error(), "{later}");
+    assert!(later.to_string().contains("given up"), "{later}");
+}
