@@ -21,6 +21,10 @@ pub(crate) fn reply_length(bytes: &[u8]) -> Result<Option<usize>, NotResp> {
         let Some(end) = line_end(&bytes[at..]) else {
             return Ok(None);
         };
+        // Every line starts with its type.
+        if end == 0 {
+            return Err(NotResp);
+        }
         let kind = bytes[at];
         let line = &bytes[at + 1..at + end];
         at += end + 2;
@@ -147,6 +151,9 @@ mod tests {
             b"*-2\r\n",
             b"$3\r\nabcde\r\n",
             b"$99999999999999999999\r\n",
+            b"\r\n",
+            b"*1\r\n\r\n",
+            b"*2\r\n:1\r\n\r\n",
         ] {
             assert_eq!(reply_length(case), Err(NotResp), "{case:?}");
         }

@@ -244,21 +244,19 @@ impl CallerWritten {
             .arg(env!("CARGO_PKG_VERSION"));
         let replies = self.send_pipeline(&setup, 0, setup.len()).await?;
         let mut replies = replies.into_iter();
-        if let Some(password) = password {
+        if password.is_some() {
             match replies.next() {
                 Some(Value::Okay) => {}
-                // A server older than ACLs (Redis 5) takes a password only.
+                // A server older than ACLs (Redis 5) takes a password only:
+                // the whole login again without the user name (its `SELECT`
+                // was refused too, before any `AUTH` succeeded).
                 Some(Value::ServerError(error))
                     if user.is_some()
                         && error.details().is_some_and(|details| {
                             details.contains("wrong number of arguments for 'auth' command")
                         }) =>
                 {
-                    let mut auth = redis::cmd("AUTH");
-                    auth.arg(password);
-                    if self.send(&auth).await? != Value::Okay {
-                        return Err(refused_login());
-                    }
+                    return Box::pin(self.log_in(None, password, db)).await;
                 }
                 _ => return Err(refused_login()),
             }
@@ -310,13 +308,9 @@ impl CallerWritten {
         let sent = pipeline.len() + if pipeline.is_transaction() { 2 } else { 0 };
         let replies = self.call(&pipeline.get_packed_pipeline(), sent).await?;
         if pipeline.is_transaction() {
-            // A command the server refused to queue aborts the transaction:
-            // its error, as the crate gives the first one.
-            if let Some(Value::ServerError(error)) = replies
-                .iter()
-                .take(offset.min(sent))
-                .find(|reply| matches!(reply, Value::ServerError(_)))
-            {
+            // A command the server refused to queue aborts the transaction
+            // (`EXECABORT`): the call's error, of the crate's kind.
+            if let Some(Value::ServerError(error)) = replies.last() {
                 return Err(error.clone().into());
             }
         }
@@ -326,6 +320,11 @@ impl CallerWritten {
     /// Writes `command` (`replies` commands) from the caller's task and
     /// waits for their replies.
     async fn call(&self, command: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
+        // Nothing written would be answered by nothing, and the next call's
+        // reply would be taken for this one's: refused, as the crate does.
+        if command.is_empty() || replies == 0 {
+            return Err(RedisError::from((ErrorKind::Client, "empty command")));
+        }
         let (answer, reply) = oneshot::channel();
         {
             let mut write = self.0.write.lock().await;
@@ -359,9 +358,21 @@ impl CallerWritten {
     }
 }
 
+/// Breaks the connection when its reader ends, however it ends (a panic,
+/// its runtime shutting down): no call waits for replies nobody reads.
+struct Reading(Arc<Line>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0
+            .break_with(io::ErrorKind::BrokenPipe, "its reader stopped");
+    }
+}
+
 /// The connection's reader: cuts what the server sends into replies and
 /// hands each to the oldest call waiting, until the connection breaks.
 async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
+    let _reading = Reading(Arc::clone(&line));
     let mut buffer: Vec<u8> = Vec::with_capacity(4096);
     loop {
         let mut start = 0;

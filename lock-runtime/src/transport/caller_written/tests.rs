@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use redis::aio::MultiplexedConnection;
 use test_support::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 
@@ -256,4 +257,144 @@ async fn a_call_given_up_in_the_middle_of_its_write_breaks_the_connection() {
         .expect_err("it broke");
     assert!(later.is_io_error(), "{later}");
     assert!(later.to_string().contains("given up"), "{later}");
+}
+
+#[tokio::test]
+async fn an_empty_command_is_refused_and_the_next_call_gets_its_own_reply() {
+    let server = RedisServer::start();
+    let (written, mut multiplexed) = both(&server.url()).await;
+    written
+        .send(redis::cmd("SET").arg("first").arg("1"))
+        .await
+        .expect("set");
+    let empty = redis::pipe();
+    let theirs = multiplexed.send_packed_commands(&empty, 0, 0).await;
+    let ours = tokio::time::timeout(Duration::from_secs(10), written.send_pipeline(&empty, 0, 0))
+        .await
+        .expect("an answer within 10 s");
+    assert_eq!(
+        ours.expect_err("refused").kind(),
+        theirs.expect_err("refused").kind()
+    );
+    let ours = tokio::time::timeout(Duration::from_secs(10), written.send(&Cmd::new()))
+        .await
+        .expect("an answer within 10 s");
+    assert_eq!(ours.expect_err("refused").kind(), ErrorKind::Client);
+    let first = tokio::time::timeout(
+        Duration::from_secs(10),
+        written.send(redis::cmd("GET").arg("first")),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .expect("an answer");
+    assert_eq!(first, Value::BulkString(b"1".to_vec()), "its own reply");
+}
+
+#[tokio::test]
+async fn a_refused_transaction_fails_as_the_crates_does() {
+    let (ours, theirs) = (RedisServer::start(), RedisServer::start());
+    let (written, _) = both(&ours.url()).await;
+    let (_, mut multiplexed) = both(&theirs.url()).await;
+    let mut transaction = redis::pipe();
+    transaction
+        .atomic()
+        .cmd("INCR")
+        .arg("t")
+        .cmd("NOSUCHCOMMAND");
+    let ours = written.send_pipeline(&transaction, 3, 1).await;
+    let theirs = multiplexed.send_packed_commands(&transaction, 3, 1).await;
+    assert_eq!(
+        ours.expect_err("aborted").kind(),
+        theirs.expect_err("aborted").kind()
+    );
+}
+
+/// A server on loopback that answers each command (its arguments) with
+/// the bytes `answer` gives, given whether the connection logged in.
+async fn fake_server(answer: fn(&mut bool, &[Vec<u8>]) -> Vec<u8>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bound");
+    let port = listener.local_addr().expect("an address").port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut buffer, mut logged_in) = (Vec::new(), false);
+                loop {
+                    while let Ok(Some(length)) = frames::reply_length(&buffer) {
+                        let args: Vec<Vec<u8>> = redis::from_redis_value(
+                            redis::parse_redis_value(&buffer[..length]).expect("RESP"),
+                        )
+                        .expect("a command");
+                        buffer.drain(..length);
+                        let reply = answer(&mut logged_in, &args);
+                        if stream.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                    match stream.read_buf(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_reply_that_is_not_resp_breaks_the_connection_at_once() {
+    let port = fake_server(|_, _| b"\r\n".to_vec()).await;
+    let written = CallerWritten::open(
+        &client(&format!("redis://127.0.0.1:{port}")),
+        Some(Duration::from_secs(10)),
+    )
+    .await;
+    // The library's name is asked at login: its reply is not RESP.
+    let failed = written.err().expect("the login's replies are not RESP");
+    assert!(failed.is_io_error(), "{failed}");
+    assert!(failed.to_string().contains("not RESP"), "{failed}");
+}
+
+/// Redis 5: `AUTH` takes a password only, and every other command is
+/// refused before it.
+fn redis_5(logged_in: &mut bool, args: &[Vec<u8>]) -> Vec<u8> {
+    let name = String::from_utf8_lossy(&args[0]).to_uppercase();
+    match (name.as_str(), args.len(), *logged_in) {
+        ("AUTH", 2, _) if args[1] == b"secret" => {
+            *logged_in = true;
+            b"+OK\r\n".to_vec()
+        }
+        ("AUTH", 2, _) => b"-ERR invalid password\r\n".to_vec(),
+        ("AUTH", _, _) => b"-ERR wrong number of arguments for 'auth' command\r\n".to_vec(),
+        (_, _, false) => b"-NOAUTH Authentication required.\r\n".to_vec(),
+        ("SELECT", _, true) => b"+OK\r\n".to_vec(),
+        ("PING", _, true) => b"+PONG\r\n".to_vec(),
+        (_, _, true) => b"-ERR unknown command\r\n".to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn a_server_older_than_acls_is_logged_in_with_the_password_alone() {
+    let port = fake_server(redis_5).await;
+    let url = format!("redis://locker:secret@127.0.0.1:{port}/3");
+    let mut theirs = client(&url)
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the crate logs in");
+    assert_eq!(
+        theirs
+            .send_packed_command(&redis::cmd("PING"))
+            .await
+            .unwrap(),
+        Value::SimpleString("PONG".into())
+    );
+    let ours = CallerWritten::open(&client(&url), Some(Duration::from_secs(10)))
+        .await
+        .expect("logged in");
+    assert_eq!(
+        ours.send(&redis::cmd("PING")).await.unwrap(),
+        Value::SimpleString("PONG".into())
+    );
 }
