@@ -56,7 +56,7 @@ fn main() -> ExitCode {
                  lock-bench cluster [--scale 0.25] [--seconds 10] [--locks 10000]\n       \
                  lock-bench acknowledged [--pairs 5000] [--renewed 1000]\n       \
                  lock-bench multi [--seconds 3]\n       \
-                 lock-bench redlock [--nodes 5] [--pairs 2000] [--sections 500] [--only w1,w3] [--kinds ours,rslock]\n       \
+                 lock-bench redlock [--nodes 5] [--pairs 2000] [--sections 500] [--only w1,w2,w3] [--kinds ours,rslock]\n       \
                  lock-bench redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]\n       \
                  lock-bench redlock-shared [--pairs 2000]\n       \
                  lock-bench sentinel [--pairs 20000] [--rounds 20]\n       \

@@ -40,7 +40,8 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
     let pairs: usize = option(args, "--pairs").map_or(2000, |pairs| pairs.parse().unwrap());
     let rounds: usize = option(args, "--rounds").map_or(5, |n| n.parse().unwrap());
     let sections: usize = option(args, "--sections").map_or(500, |n| n.parse().unwrap());
-    // `--only w1` or `w3`; `--kinds ours` or `rslock`: a part (for profiling).
+    // `--only w1`, `w2` or `w3` (W2 only when asked); `--kinds ours` or
+    // `rslock`: a part (for profiling).
     let only = option(args, "--only").unwrap_or_else(|| "w1,w3".to_owned());
     let kinds = option(args, "--kinds").unwrap_or_else(|| "ours,rslock".to_owned());
     let wanted = |kind: Kind| match kind {
@@ -131,6 +132,9 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             ratios[ratios.len() - 1]
         );
     }
+    if only.contains("w2") {
+        runtime.block_on(w2(&quorum, pairs, rounds, &wanted));
+    }
     for (kind, name) in [
         (Kind::ManualWait, "this project"),
         (Kind::Rslock, "rslock 0.10"),
@@ -151,6 +155,62 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// W2 over the quorum: 50 tasks sharing one client, each on a key of its
+/// own, `pairs` pairs in all, interleaved in `rounds` rounds; each side's
+/// pairs per second and client CPU per pair, and the median of the rounds'
+/// ratios. The case where calls made at once on one client meet on each
+/// node's connection.
+async fn w2(quorum: &Quorum, pairs: usize, rounds: usize, wanted: &impl Fn(Kind) -> bool) {
+    const TASKS: usize = 50;
+    let per_task = (pairs / rounds / TASKS).max(1);
+    let mut lockers = Vec::new();
+    for (kind, name) in [
+        (Kind::Manual, "this project"),
+        (Kind::Rslock, "rslock 0.10"),
+    ] {
+        if !wanted(kind) {
+            continue;
+        }
+        let shared = Locker::new(kind, &quorum.client_url(), "redlock-w2:warm", false).await;
+        let mut warm = shared.for_key("redlock-w2:warm");
+        let held = warm.lock().await;
+        warm.unlock(held).await;
+        lockers.push((name, kind, shared, Duration::ZERO, Duration::ZERO));
+    }
+    let mut ratios = Vec::new();
+    for _ in 0..rounds {
+        let mut rates = Vec::new();
+        for (_, kind, shared, wall, cpu) in &mut lockers {
+            let (started, before) = (Instant::now(), cpu_time());
+            compare::many_keys(shared, &format!("redlock-w2:{kind:?}"), TASKS, per_task).await;
+            let elapsed = started.elapsed();
+            *wall += elapsed;
+            *cpu += cpu_time() - before;
+            rates.push((TASKS * per_task) as f64 / elapsed.as_secs_f64());
+        }
+        if rates.len() == 2 {
+            ratios.push(rates[0] / rates[1]);
+        }
+    }
+    let done = (TASKS * per_task * rounds) as f64;
+    for (name, _, _, wall, cpu) in &lockers {
+        println!(
+            "| W2: {TASKS} tasks on one client, each its own key, {done} pairs ({rounds} rounds) | {name} | {:.0} | | | {:.1} | | | | |",
+            done / wall.as_secs_f64(),
+            cpu.as_secs_f64() * 1e6 / done,
+        );
+    }
+    if !ratios.is_empty() {
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "\nW2 this project × rslock, median of {rounds} rounds: {:.2} (range {:.2}-{:.2})\n",
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+    }
 }
 
 /// What a run of pairs in sequence cost.

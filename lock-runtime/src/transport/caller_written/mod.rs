@@ -55,7 +55,8 @@ use tokio::sync::oneshot;
 pub(crate) struct CallerWritten(Arc<Shared>);
 
 struct Shared {
-    /// Held from a call's place in line to the end of its write.
+    /// Held by the call that writes (`LineState::writing`): never waited
+    /// for.
     write: tokio::sync::Mutex<OwnedWriteHalf>,
     line: Arc<Line>,
     db: i64,
@@ -78,6 +79,12 @@ struct Line {
 #[derive(Default)]
 struct LineState {
     waiting: VecDeque<Waiting>,
+    /// The commands of the calls waiting that are still to be written, in
+    /// the calls' order.
+    outbox: Vec<u8>,
+    /// Whether a call is writing the outbox now (it writes what the others
+    /// add meanwhile too, until the outbox is empty).
+    writing: bool,
     /// Why the connection broke (every later call fails with it).
     broken: Option<(io::ErrorKind, String)>,
 }
@@ -107,6 +114,7 @@ impl Line {
                 .get_or_insert_with(|| (kind, reason.into()))
                 .clone();
             self.broken.store(true, Ordering::Release);
+            state.outbox = Vec::new();
             (std::mem::take(&mut state.waiting), why)
         };
         for call in waiting {
@@ -138,24 +146,6 @@ impl Line {
 /// The error of a call on a broken connection.
 fn broken(kind: io::ErrorKind, reason: &str) -> RedisError {
     io::Error::new(kind, format!("the connection broke: {reason}")).into()
-}
-
-/// Breaks the connection if a call's write did not finish (given up, or
-/// failed): the server may have read part of the command.
-struct Writing<'a> {
-    line: &'a Line,
-    finished: bool,
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.line.break_with(
-                io::ErrorKind::BrokenPipe,
-                "a call was given up in the middle of writing its command",
-            );
-        }
-    }
 }
 
 impl CallerWritten {
@@ -291,7 +281,14 @@ impl CallerWritten {
 
     /// Sends `cmd` and reads its reply.
     pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let mut replies = self.call(&cmd.get_packed_command(), 1).await?;
+        // A command of no arguments packs to `*0`, which the server
+        // answers with nothing (see `call`).
+        if cmd.args_iter().next().is_none() {
+            return Err(empty_command());
+        }
+        let mut replies = self
+            .call(1, |outbox| cmd.write_packed_command(outbox))
+            .await?;
         Ok(replies.pop().unwrap_or(Value::Nil))
     }
 
@@ -305,8 +302,17 @@ impl CallerWritten {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        if pipeline
+            .cmd_iter()
+            .any(|cmd| cmd.args_iter().next().is_none())
+        {
+            return Err(empty_command());
+        }
         let sent = pipeline.len() + if pipeline.is_transaction() { 2 } else { 0 };
-        let replies = self.call(&pipeline.get_packed_pipeline(), sent).await?;
+        let packed = pipeline.get_packed_pipeline();
+        let replies = self
+            .call(sent, |outbox| outbox.extend_from_slice(&packed))
+            .await?;
         if pipeline.is_transaction() {
             // A command the server refused to queue aborts the transaction
             // (`EXECABORT`): the call's error, of the crate's kind.
@@ -317,43 +323,122 @@ impl CallerWritten {
         Ok(replies.into_iter().skip(offset).take(count).collect())
     }
 
-    /// Writes `command` (`replies` commands) from the caller's task and
-    /// waits for their replies.
-    async fn call(&self, command: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
-        // Nothing written would be answered by nothing, and the next call's
-        // reply would be taken for this one's: refused, as the crate does.
-        if command.is_empty() || replies == 0 {
-            return Err(RedisError::from((ErrorKind::Client, "empty command")));
-        }
+    /// Takes a place in line for `replies` replies, adds the commands
+    /// (`pack` writes them) to the outbox, becomes the writer unless
+    /// another call is writing already, and waits for the replies.
+    async fn call(
+        &self,
+        replies: usize,
+        pack: impl FnOnce(&mut Vec<u8>),
+    ) -> RedisResult<Vec<Value>> {
         let (answer, reply) = oneshot::channel();
-        {
-            let mut write = self.0.write.lock().await;
-            {
-                let mut state = self.0.line.lock();
-                if let Some((kind, reason)) = &state.broken {
-                    return Err(broken(*kind, reason));
-                }
-                state.waiting.push_back(Waiting {
-                    replies,
-                    read: Vec::with_capacity(replies),
-                    answer,
-                });
+        let writer = {
+            let mut state = self.0.line.lock();
+            if let Some((kind, reason)) = &state.broken {
+                return Err(broken(*kind, reason));
             }
-            let mut writing = Writing {
-                line: &self.0.line,
-                finished: false,
-            };
-            if let Err(error) = write.write_all(command).await {
-                writing.finished = true;
-                self.0.line.break_with(error.kind(), error.to_string());
-                return Err(error.into());
+            let before = state.outbox.len();
+            pack(&mut state.outbox);
+            // Nothing written would be answered by nothing, and the next
+            // call's reply would be taken for this one's: refused, as the
+            // crate refuses it.
+            if state.outbox.len() == before || replies == 0 {
+                state.outbox.truncate(before);
+                return Err(empty_command());
             }
-            writing.finished = true;
+            // Calls still waiting for replies: others are likely being
+            // made at the same time, and worth waiting for (`write_out`).
+            let busy = !state.waiting.is_empty();
+            state.waiting.push_back(Waiting {
+                replies,
+                read: Vec::with_capacity(replies),
+                answer,
+            });
+            (!std::mem::replace(&mut state.writing, true)).then_some(busy)
+        };
+        if let Some(busy) = writer {
+            self.write_out(busy).await?;
         }
         match reply.await {
             Ok(replies) => replies,
             // The reader ended without a word (its runtime shut down).
             Err(_closed) => Err(broken(io::ErrorKind::BrokenPipe, "its reader stopped")),
+        }
+    }
+
+    /// The writer's turn: on a `busy` connection (calls waiting for
+    /// replies), lets the calls made at the same time add their commands
+    /// first (one yield to the runtime); then writes the outbox, again and
+    /// again until it is empty. So calls made at once go out in few writes,
+    /// as the `redis` crate's driver task batches them, and a call made
+    /// alone is written at once by its own task, with no hand-off to
+    /// another.
+    async fn write_out(&self, busy: bool) -> RedisResult<()> {
+        let mut turn = Turn {
+            connection: self,
+            wrote: false,
+            finished: false,
+        };
+        if busy {
+            tokio::task::yield_now().await;
+        }
+        // Only the writer locks it: at most the one before it, just
+        // finishing, still holds it.
+        let mut write = self.0.write.lock().await;
+        let mut batch = Vec::new();
+        loop {
+            {
+                let mut state = self.0.line.lock();
+                if state.broken.is_some() || state.outbox.is_empty() {
+                    state.writing = false;
+                    if state.outbox.capacity() == 0 {
+                        // Its buffer is used again.
+                        state.outbox = batch;
+                    }
+                    turn.finished = true;
+                    return Ok(());
+                }
+                std::mem::swap(&mut state.outbox, &mut batch);
+            }
+            turn.wrote = true;
+            if let Err(error) = write.write_all(&batch).await {
+                turn.finished = true;
+                self.0.line.break_with(error.kind(), error.to_string());
+                return Err(error.into());
+            }
+            batch.clear();
+        }
+    }
+}
+
+/// A writer's turn given up before it ended (its call's deadline passed,
+/// its caller dropped it). Given up before it wrote anything, the turn
+/// passes to a task of its own, which writes the outbox (the other calls'
+/// commands are in it). Given up in the middle of a write, the connection
+/// breaks: the server may have read part of a command.
+struct Turn<'a> {
+    connection: &'a CallerWritten,
+    wrote: bool,
+    finished: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let line = &self.connection.0.line;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if !self.wrote => {
+                let connection = self.connection.clone();
+                runtime.spawn(async move {
+                    let _ = connection.write_out(false).await;
+                });
+            }
+            _ => line.break_with(
+                io::ErrorKind::BrokenPipe,
+                "a call was given up in the middle of writing commands",
+            ),
         }
     }
 }
@@ -419,6 +504,11 @@ async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
             }
         }
     }
+}
+
+/// The crate's error for a command of no arguments.
+fn empty_command() -> RedisError {
+    RedisError::from((ErrorKind::Client, "empty command"))
 }
 
 /// The crate's error for a refused `AUTH`.

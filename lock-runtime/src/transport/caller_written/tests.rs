@@ -1,6 +1,7 @@
 //! The caller-written connection against real servers: the values the
 //! `redis` crate's own connection gives, the login, and what breaks it.
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -208,8 +209,26 @@ async fn a_server_killed_fails_the_calls_waiting_and_every_later_one() {
     assert!(later.is_io_error(), "{later}");
 }
 
+/// Polls `call` `polls` times (no waker: nothing wakes it), then drops
+/// it: its output if it finished by then.
+fn poll_then_give_up<F: std::future::Future>(call: F, polls: usize) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+    for _ in 0..polls {
+        if let std::task::Poll::Ready(output) = call.as_mut().poll(&mut context) {
+            return Some(output);
+        }
+    }
+    None
+}
+
+/// A call given up at each point before its reply, on a busy connection
+/// (another call waits for its reply): while its writer's turn yields to
+/// the runtime (the first poll, nothing written: a task of its own takes
+/// the turn and writes it), and after its write (the second poll). The
+/// connection stays in step: each call gets its own reply.
 #[tokio::test]
-async fn a_call_given_up_after_its_write_leaves_the_connection_in_step() {
+async fn a_call_given_up_before_its_reply_leaves_the_connection_in_step() {
     let server = RedisServer::start();
     let (written, _) = both(&server.url()).await;
     written
@@ -220,19 +239,30 @@ async fn a_call_given_up_after_its_write_leaves_the_connection_in_step() {
         .send(redis::cmd("SET").arg("second").arg("2"))
         .await
         .expect("set");
-    // One poll on this one-thread runtime: the command is written (a few
-    // bytes to an idle socket), and its reply cannot have been read yet.
-    let given_up = written.send(redis::cmd("GET").arg("first")).now_or_never();
-    assert!(
-        given_up.is_none(),
-        "given up before its reply: {given_up:?}"
-    );
-    assert!(!written.is_broken());
-    let second = written
-        .send(redis::cmd("GET").arg("second"))
-        .await
-        .expect("an answer");
-    assert_eq!(second, Value::BulkString(b"2".to_vec()), "its own reply");
+    for polls in [1, 2] {
+        // Written at its first poll (the connection was idle); on this
+        // one-thread runtime its reply cannot have been read yet.
+        let get_first = redis::cmd("GET").arg("first").clone();
+        let mut first = std::pin::pin!(written.send(&get_first));
+        let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        assert!(first.as_mut().poll(&mut context).is_pending());
+        let get_second = redis::cmd("GET").arg("second").clone();
+        let given_up = poll_then_give_up(written.send(&get_second), polls);
+        assert!(
+            given_up.is_none(),
+            "given up before its reply: {given_up:?}"
+        );
+        assert!(!written.is_broken());
+        assert_eq!(
+            first.await.expect("an answer"),
+            Value::BulkString(b"1".to_vec())
+        );
+        let second = written
+            .send(redis::cmd("GET").arg("second"))
+            .await
+            .expect("an answer");
+        assert_eq!(second, Value::BulkString(b"2".to_vec()), "its own reply");
+    }
 }
 
 #[tokio::test]
@@ -240,13 +270,13 @@ async fn a_call_given_up_in_the_middle_of_its_write_breaks_the_connection() {
     let server = RedisServer::start();
     let (written, _) = both(&server.url()).await;
     // A stopped server reads nothing: 64 MB cannot all go into the
-    // socket's buffers in the one poll the call gets.
+    // socket's buffers in the poll that writes it.
     // SAFETY: kill(2) on the child this test started.
     unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
     let value = vec![b'x'; 64 << 20];
-    let given_up = written
-        .send(redis::cmd("SET").arg("big").arg(&value))
-        .now_or_never();
+    // The connection is idle: its first poll writes until the socket is
+    // full.
+    let given_up = poll_then_give_up(written.send(redis::cmd("SET").arg("big").arg(&value)), 1);
     // SAFETY: as above.
     unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
     assert!(given_up.is_none(), "given up in the middle of its write");
@@ -397,4 +427,58 @@ async fn a_server_older_than_acls_is_logged_in_with_the_password_alone() {
         ours.send(&redis::cmd("PING")).await.unwrap(),
         Value::SimpleString("PONG".into())
     );
+}
+
+/// Many calls at once, some given up after their first poll: every call
+/// that completes gets its own reply (each task counts on a key of its
+/// own, and a call given up still ran once written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_at_once_each_get_their_own_reply() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    let tasks: Vec<_> = (0..16)
+        .map(|task| {
+            let written = written.clone();
+            tokio::spawn(async move {
+                let key = format!("count:{task}");
+                let mut expected = 0;
+                for call in 0..400 {
+                    let mut incr = redis::cmd("INCR");
+                    incr.arg(&key);
+                    expected += 1;
+                    if call % 7 == 3 {
+                        // Given up after one poll: its command is written
+                        // (by itself or by the call writing then), and its
+                        // reply may even have come within that poll.
+                        if let Some(reply) = written.send(&incr).now_or_never() {
+                            assert_eq!(reply.expect("an answer"), Value::Int(expected));
+                        }
+                        continue;
+                    }
+                    if call % 5 == 0 {
+                        let mut pipeline = redis::pipe();
+                        pipeline.cmd("INCR").arg(&key).cmd("GET").arg(&key);
+                        let replies = written
+                            .send_pipeline(&pipeline, 0, 2)
+                            .await
+                            .expect("answers");
+                        assert_eq!(
+                            replies,
+                            vec![
+                                Value::Int(expected),
+                                Value::BulkString(expected.to_string().into_bytes())
+                            ]
+                        );
+                        continue;
+                    }
+                    let reply = written.send(&incr).await.expect("an answer");
+                    assert_eq!(reply, Value::Int(expected), "{key}, call {call}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("every reply its own");
+    }
+    assert!(!written.is_broken());
 }
