@@ -1,5 +1,5 @@
 //! A command connection its callers write to themselves: the transport of
-//! a quorum's nodes over plain TCP (docs/design.md §2, "The quorum's
+//! a quorum's nodes over plain TCP (docs/design.md §10, "The quorum's
 //! connections").
 //!
 //! The `redis` crate's multiplexed connection hands every call to a driver
@@ -7,11 +7,13 @@
 //! task hand-offs per call. A quorum makes each of its calls on every node
 //! at once, so those hand-offs are most of the client's work there
 //! (docs/benchmarks.md, "Issue 40, fourth pass": 81 % of the client's CPU in
-//! the kernel, loopback TCP and `futex`). Here the caller writes its
-//! command on the socket from its own task, under a lock that keeps
-//! commands whole and in order, and one reader task per connection cuts
-//! the replies (`frames`), parses each with the `redis` crate's parser and
-//! hands it to the oldest call waiting.
+//! the kernel, loopback TCP and `futex`). Here a call on an idle
+//! connection writes its command itself, by one non-blocking write; on a
+//! busy one it adds it to an outbox that a flusher task writes, batched
+//! with the calls made at the same moment (`CallerWritten::call`). One
+//! reader task per connection cuts the replies (`frames`), parses each
+//! with the `redis` crate's parser and hands it to the oldest call
+//! waiting.
 //!
 //! What the crate's connection did and this one does too, so that nothing
 //! above the seam changes:
@@ -26,10 +28,10 @@
 //!   fails every call waiting with an I/O error, and every later call at
 //!   once: `NodeLink` then opens another ([`CallerWritten::is_broken`] lets
 //!   it do so before the next call, not after it).
-//! - A call given up (its deadline passed) while its command was half
-//!   written breaks the connection: the server would read the rest as
-//!   garbage. One given up after its write leaves it whole; its reply is
-//!   read and dropped.
+//! - A call given up (its deadline passed, its future dropped) is written
+//!   whole all the same, and its reply read and dropped: the connection
+//!   stays in step. A call never awaits while it writes, so one not polled
+//!   for a while holds no other call up.
 //!
 //! Only plain TCP with RESP2 and no pushes: TLS, a Unix socket or RESP3
 //! keep the `redis` crate's connection (`Transport::connect`).
@@ -45,27 +47,31 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::{Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisError, RedisResult, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 /// A caller-written connection; cheap to clone (clones share it).
 #[derive(Clone)]
 pub(crate) struct CallerWritten(Arc<Shared>);
 
 struct Shared {
-    /// Held by the call that writes (`LineState::writing`): never waited
-    /// for.
-    write: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// Written by one at a time (`LineState::writing`): a call on an idle
+    /// connection, or the flusher.
+    write: Arc<OwnedWriteHalf>,
     line: Arc<Line>,
+    /// Wakes the flusher: there is an outbox to write.
+    flush: Arc<Notify>,
     db: i64,
     reader: tokio::task::AbortHandle,
+    flusher: tokio::task::AbortHandle,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         self.reader.abort();
+        self.flusher.abort();
     }
 }
 
@@ -82,8 +88,9 @@ struct LineState {
     /// The commands of the calls waiting that are still to be written, in
     /// the calls' order.
     outbox: Vec<u8>,
-    /// Whether a call is writing the outbox now (it writes what the others
-    /// add meanwhile too, until the outbox is empty).
+    /// Whether someone is writing: a call on an idle connection (for the
+    /// length of one non-blocking write, under this lock) or the flusher
+    /// (until the outbox is empty). Others only add to the outbox then.
     writing: bool,
     /// Why the connection broke (every later call fails with it).
     broken: Option<(io::ErrorKind, String)>,
@@ -122,24 +129,31 @@ impl Line {
         }
     }
 
-    /// Hands `value` to the oldest call waiting; false if none waits (a
-    /// reply nobody asked for: the line is out of step).
-    fn deliver(&self, value: Value) -> bool {
-        let done = {
+    /// Hands `values` (replies in the order read) to the calls waiting,
+    /// oldest first, under one lock; false if one was left with no call
+    /// waiting for it (the line is out of step). `done` is a buffer for
+    /// the calls answered (empty on return).
+    fn deliver(&self, values: &mut Vec<Value>, done: &mut Vec<Waiting>) -> bool {
+        let mut values = values.drain(..);
+        let in_step = {
             let mut state = self.lock();
-            let Some(call) = state.waiting.front_mut() else {
-                return false;
-            };
-            call.read.push(value);
-            if call.read.len() < call.replies {
-                return true;
+            loop {
+                let Some(value) = values.next() else {
+                    break true;
+                };
+                let Some(call) = state.waiting.front_mut() else {
+                    break false;
+                };
+                call.read.push(value);
+                if call.read.len() == call.replies {
+                    done.extend(state.waiting.pop_front());
+                }
             }
-            state.waiting.pop_front()
         };
-        if let Some(call) = done {
+        for call in done.drain(..) {
             let _ = call.answer.send(Ok(call.read));
         }
-        true
+        in_step
     }
 }
 
@@ -192,12 +206,21 @@ impl CallerWritten {
             state: Mutex::new(LineState::default()),
         });
         let reader = tokio::spawn(read_replies(read, Arc::clone(&line))).abort_handle();
+        let (write, flush) = (Arc::new(write), Arc::new(Notify::new()));
+        let flusher = tokio::spawn(flush_outbox(
+            Arc::clone(&write),
+            Arc::clone(&line),
+            Arc::clone(&flush),
+        ))
+        .abort_handle();
         let settings = info.redis_settings();
         let connection = CallerWritten(Arc::new(Shared {
-            write: tokio::sync::Mutex::new(write),
+            write,
             line,
+            flush,
             db: settings.db(),
             reader,
+            flusher,
         }));
         connection
             .log_in(settings.username(), settings.password(), settings.db())
@@ -286,9 +309,7 @@ impl CallerWritten {
         if cmd.args_iter().next().is_none() {
             return Err(empty_command());
         }
-        let mut replies = self
-            .call(1, |outbox| cmd.write_packed_command(outbox))
-            .await?;
+        let mut replies = self.call(&cmd.get_packed_command(), 1).await?;
         Ok(replies.pop().unwrap_or(Value::Nil))
     }
 
@@ -309,10 +330,7 @@ impl CallerWritten {
             return Err(empty_command());
         }
         let sent = pipeline.len() + if pipeline.is_transaction() { 2 } else { 0 };
-        let packed = pipeline.get_packed_pipeline();
-        let replies = self
-            .call(sent, |outbox| outbox.extend_from_slice(&packed))
-            .await?;
+        let replies = self.call(&pipeline.get_packed_pipeline(), sent).await?;
         if pipeline.is_transaction() {
             // A command the server refused to queue aborts the transaction
             // (`EXECABORT`): the call's error, of the crate's kind.
@@ -323,41 +341,78 @@ impl CallerWritten {
         Ok(replies.into_iter().skip(offset).take(count).collect())
     }
 
-    /// Takes a place in line for `replies` replies, adds the commands
-    /// (`pack` writes them) to the outbox, becomes the writer unless
-    /// another call is writing already, and waits for the replies.
-    async fn call(
-        &self,
-        replies: usize,
-        pack: impl FnOnce(&mut Vec<u8>),
-    ) -> RedisResult<Vec<Value>> {
+    /// Takes a place in line for `replies` replies of `command`, has it
+    /// written, and waits for the replies.
+    ///
+    /// - On an idle connection (no call waiting for replies, nobody
+    ///   writing), the call writes its command itself, at once, by one
+    ///   non-blocking write: no task is woken to write it. What the socket
+    ///   does not take goes to the outbox, for the flusher.
+    /// - On a busy connection, it adds its command to the outbox and, if
+    ///   nobody is writing, wakes the flusher: by the time the flusher runs,
+    ///   the calls made at the same moment have added theirs, and one
+    ///   write takes them all, as the `redis` crate's driver task batches
+    ///   them.
+    ///
+    /// A call never awaits while it is the writer, so one given up (its
+    /// deadline passed, its future dropped) or not polled for a while
+    /// holds nobody else up, and its command is written whole either way
+    /// (the crate's connection, too, writes a call given up).
+    async fn call(&self, command: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
+        // Nothing written would be answered by nothing, and the next call's
+        // reply would be taken for this one's: refused, as the crate
+        // refuses it.
+        if command.is_empty() || replies == 0 {
+            return Err(empty_command());
+        }
         let (answer, reply) = oneshot::channel();
-        let writer = {
+        let idle = {
             let mut state = self.0.line.lock();
             if let Some((kind, reason)) = &state.broken {
                 return Err(broken(*kind, reason));
             }
-            let before = state.outbox.len();
-            pack(&mut state.outbox);
-            // Nothing written would be answered by nothing, and the next
-            // call's reply would be taken for this one's: refused, as the
-            // crate refuses it.
-            if state.outbox.len() == before || replies == 0 {
-                state.outbox.truncate(before);
-                return Err(empty_command());
-            }
-            // Calls still waiting for replies: others are likely being
-            // made at the same time, and worth waiting for (`write_out`).
-            let busy = !state.waiting.is_empty();
+            let idle = state.waiting.is_empty() && !state.writing;
             state.waiting.push_back(Waiting {
                 replies,
                 read: Vec::with_capacity(replies),
                 answer,
             });
-            (!std::mem::replace(&mut state.writing, true)).then_some(busy)
+            if !idle {
+                state.outbox.extend_from_slice(command);
+            }
+            // Either way someone writes now: this call, or the flusher.
+            (idle, !std::mem::replace(&mut state.writing, true))
         };
-        if let Some(busy) = writer {
-            self.write_out(busy).await?;
+        let wake_flusher = match idle {
+            (true, _) => {
+                // The writer, outside the lock: calls made meanwhile add
+                // to the outbox behind it.
+                let written = match self.0.write.try_write(command) {
+                    Ok(written) => written,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => 0,
+                    Err(error) => {
+                        self.0.line.break_with(error.kind(), error.to_string());
+                        return Err(error.into());
+                    }
+                };
+                let mut state = self.0.line.lock();
+                if written < command.len() {
+                    // The rest, ahead of what others added meanwhile.
+                    state
+                        .outbox
+                        .splice(0..0, command[written..].iter().copied());
+                }
+                if state.outbox.is_empty() {
+                    state.writing = false;
+                    false
+                } else {
+                    true
+                }
+            }
+            (false, took_writing) => took_writing,
+        };
+        if wake_flusher {
+            self.0.flush.notify_one();
         }
         match reply.await {
             Ok(replies) => replies,
@@ -365,80 +420,55 @@ impl CallerWritten {
             Err(_closed) => Err(broken(io::ErrorKind::BrokenPipe, "its reader stopped")),
         }
     }
+}
 
-    /// The writer's turn: on a `busy` connection (calls waiting for
-    /// replies), lets the calls made at the same time add their commands
-    /// first (one yield to the runtime); then writes the outbox, again and
-    /// again until it is empty. So calls made at once go out in few writes,
-    /// as the `redis` crate's driver task batches them, and a call made
-    /// alone is written at once by its own task, with no hand-off to
-    /// another.
-    async fn write_out(&self, busy: bool) -> RedisResult<()> {
-        let mut turn = Turn {
-            connection: self,
-            wrote: false,
-            finished: false,
-        };
-        if busy {
-            tokio::task::yield_now().await;
-        }
-        // Only the writer locks it: at most the one before it, just
-        // finishing, still holds it.
-        let mut write = self.0.write.lock().await;
-        let mut batch = Vec::new();
+/// The largest outbox buffer kept for the next batch: a huge command's is
+/// let go once written.
+const KEPT_OUTBOX: usize = 64 * 1024;
+
+/// The connection's flusher: each time it is woken, writes the outbox
+/// until it is empty (what calls add while it writes included), then gives
+/// up the writing. Ends when the connection breaks (a write error breaks
+/// it) or is dropped (aborted).
+async fn flush_outbox(write: Arc<OwnedWriteHalf>, line: Arc<Line>, flush: Arc<Notify>) {
+    let mut batch = Vec::new();
+    loop {
+        flush.notified().await;
         loop {
             {
-                let mut state = self.0.line.lock();
-                if state.broken.is_some() || state.outbox.is_empty() {
+                let mut state = line.lock();
+                if state.broken.is_some() {
+                    return;
+                }
+                if state.outbox.is_empty() {
                     state.writing = false;
-                    if state.outbox.capacity() == 0 {
+                    if state.outbox.capacity() == 0 && batch.capacity() <= KEPT_OUTBOX {
                         // Its buffer is used again.
-                        state.outbox = batch;
+                        state.outbox = std::mem::take(&mut batch);
                     }
-                    turn.finished = true;
-                    return Ok(());
+                    break;
                 }
                 std::mem::swap(&mut state.outbox, &mut batch);
             }
-            turn.wrote = true;
-            if let Err(error) = write.write_all(&batch).await {
-                turn.finished = true;
-                self.0.line.break_with(error.kind(), error.to_string());
-                return Err(error.into());
+            let mut at = 0;
+            while at < batch.len() {
+                let written = match write.writable().await {
+                    Ok(()) => write.try_write(&batch[at..]),
+                    Err(error) => Err(error),
+                };
+                match written {
+                    Ok(written) => at += written,
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(error) => {
+                        line.break_with(error.kind(), error.to_string());
+                        return;
+                    }
+                }
             }
             batch.clear();
-        }
-    }
-}
-
-/// A writer's turn given up before it ended (its call's deadline passed,
-/// its caller dropped it). Given up before it wrote anything, the turn
-/// passes to a task of its own, which writes the outbox (the other calls'
-/// commands are in it). Given up in the middle of a write, the connection
-/// breaks: the server may have read part of a command.
-struct Turn<'a> {
-    connection: &'a CallerWritten,
-    wrote: bool,
-    finished: bool,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        let line = &self.connection.0.line;
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if !self.wrote => {
-                let connection = self.connection.clone();
-                runtime.spawn(async move {
-                    let _ = connection.write_out(false).await;
-                });
+            if batch.capacity() > KEPT_OUTBOX {
+                batch = Vec::new();
             }
-            _ => line.break_with(
-                io::ErrorKind::BrokenPipe,
-                "a call was given up in the middle of writing commands",
-            ),
         }
     }
 }
@@ -459,24 +489,24 @@ impl Drop for Reading {
 async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
     let _reading = Reading(Arc::clone(&line));
     let mut buffer: Vec<u8> = Vec::with_capacity(4096);
+    let (mut values, mut done) = (Vec::new(), Vec::new());
     loop {
+        // Every whole reply read, handed over together.
         let mut start = 0;
         loop {
             match frames::reply_length(&buffer[start..]) {
                 Ok(Some(length)) => {
-                    let value = redis::parse_redis_value(&buffer[start..start + length]);
-                    start += length;
-                    let delivered = match value {
-                        Ok(value) => line.deliver(value),
-                        Err(_) => false,
-                    };
-                    if !delivered {
-                        line.break_with(
-                            io::ErrorKind::InvalidData,
-                            "the server sent a reply no call was waiting for",
-                        );
-                        return;
+                    match redis::parse_redis_value(&buffer[start..start + length]) {
+                        Ok(value) => values.push(value),
+                        Err(_) => {
+                            line.break_with(
+                                io::ErrorKind::InvalidData,
+                                "the server sent a reply the parser refused",
+                            );
+                            return;
+                        }
                     }
+                    start += length;
                 }
                 Ok(None) => break,
                 Err(frames::NotResp) => {
@@ -487,6 +517,13 @@ async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
                     return;
                 }
             }
+        }
+        if !values.is_empty() && !line.deliver(&mut values, &mut done) {
+            line.break_with(
+                io::ErrorKind::InvalidData,
+                "the server sent a reply no call was waiting for",
+            );
+            return;
         }
         buffer.drain(..start);
         if buffer.capacity() - buffer.len() < 1024 {

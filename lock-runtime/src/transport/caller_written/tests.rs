@@ -222,11 +222,10 @@ fn poll_then_give_up<F: std::future::Future>(call: F, polls: usize) -> Option<F:
     None
 }
 
-/// A call given up at each point before its reply, on a busy connection
-/// (another call waits for its reply): while its writer's turn yields to
-/// the runtime (the first poll, nothing written: a task of its own takes
-/// the turn and writes it), and after its write (the second poll). The
-/// connection stays in step: each call gets its own reply.
+/// A call given up before its reply on a busy connection (another call
+/// waits for its reply), after one poll or two (its command in the
+/// outbox, or written by the flusher): the connection stays in step, each
+/// call gets its own reply.
 #[tokio::test]
 async fn a_call_given_up_before_its_reply_leaves_the_connection_in_step() {
     let server = RedisServer::start();
@@ -265,28 +264,163 @@ async fn a_call_given_up_before_its_reply_leaves_the_connection_in_step() {
     }
 }
 
-#[tokio::test]
-async fn a_call_given_up_in_the_middle_of_its_write_breaks_the_connection() {
+/// A call given up in the middle of its command's write: the rest is
+/// written by the flusher, whole, and the connection stays in step (as
+/// the crate's connection writes a call given up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_in_the_middle_of_its_write_is_written_whole() {
     let server = RedisServer::start();
     let (written, _) = both(&server.url()).await;
     // A stopped server reads nothing: 64 MB cannot all go into the
-    // socket's buffers in the poll that writes it.
+    // socket's buffers at once.
     // SAFETY: kill(2) on the child this test started.
     unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
     let value = vec![b'x'; 64 << 20];
-    // The connection is idle: its first poll writes until the socket is
-    // full.
+    // The connection is idle: the first poll writes what the socket takes
+    // and leaves the rest to the flusher.
     let given_up = poll_then_give_up(written.send(redis::cmd("SET").arg("big").arg(&value)), 1);
+    // The flusher writes the rest, and cannot finish while it is stopped.
+    let left = written.0.line.lock().writing;
     // SAFETY: as above.
     unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
     assert!(given_up.is_none(), "given up in the middle of its write");
-    assert!(written.is_broken(), "half a command was written");
-    let later = written
-        .send(&redis::cmd("PING"))
+    assert!(left, "part of the command was left to write");
+    let length = written
+        .send(redis::cmd("STRLEN").arg("big"))
         .await
-        .expect_err("it broke");
-    assert!(later.is_io_error(), "{later}");
-    assert!(later.to_string().contains("given up"), "{later}");
+        .expect("an answer");
+    assert_eq!(
+        length,
+        Value::Int(64 << 20),
+        "written whole, then this call"
+    );
+    assert!(!written.is_broken());
+}
+
+/// A call on a busy connection that is polled once and then not again
+/// for a while (its caller awaits something else) holds no other call up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_not_polled_again_holds_no_other_call_up() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    let _blpop = tokio::spawn({
+        let written = written.clone();
+        async move { written.send(redis::cmd("BLPOP").arg("never").arg(0)).await }
+    });
+    tokio::task::block_in_place(|| wait_for("BLPOP blocked", || blocked_in(&server, "blpop")));
+    // The BLPOP blocks this connection's later commands in the server:
+    // unblock it once the parked call and the other are both sent.
+    let ping = redis::cmd("PING");
+    let mut parked = Box::pin(written.send(&ping));
+    let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+    assert!(parked.as_mut().poll(&mut context).is_pending());
+    let other = tokio::spawn({
+        let written = written.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                written.send(&redis::cmd("ECHO").arg("other").clone()),
+            )
+            .await
+        }
+    });
+    server.command(&["LPUSH", "never", "x"]).expect("pushed");
+    let other = other.await.expect("joined");
+    assert_eq!(
+        other.expect("within 10 s").expect("an answer"),
+        Value::BulkString(b"other".to_vec())
+    );
+    drop(parked);
+}
+
+/// A call made from a runtime that is then shut down, on a connection
+/// another runtime reads: later calls are answered.
+#[test]
+fn a_runtime_shut_down_with_a_call_in_flight_leaves_the_connection_working() {
+    let server = RedisServer::start();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let written = main.block_on(async {
+        CallerWritten::open(&client(&server.url()), Some(Duration::from_secs(10)))
+            .await
+            .expect("opened")
+    });
+    let blpop = main.spawn({
+        let written = written.clone();
+        async move { written.send(redis::cmd("BLPOP").arg("never").arg(0)).await }
+    });
+    wait_for("BLPOP blocked", || blocked_in(&server, "blpop"));
+    {
+        let secondary = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        secondary.block_on(async {
+            let ping = redis::cmd("PING");
+            // Added to the outbox of the busy connection, then dropped
+            // with its runtime.
+            assert!(poll_then_give_up(written.send(&ping), 1).is_none());
+        });
+    }
+    server.command(&["LPUSH", "never", "x"]).expect("pushed");
+    let later = main.block_on(async {
+        assert!(blpop.await.expect("joined").is_ok());
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            written.send(&redis::cmd("ECHO").arg("later").clone()),
+        )
+        .await
+    });
+    assert_eq!(
+        later.expect("within 10 s").expect("an answer"),
+        Value::BulkString(b"later".to_vec())
+    );
+}
+
+/// A connection whose every handle is dropped closes, even with commands
+/// left to write to a stopped server: its tasks end with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_with_commands_left_to_write_closes() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
+    let value = vec![b'x'; 64 << 20];
+    assert!(poll_then_give_up(written.send(redis::cmd("SET").arg("big").arg(&value)), 1).is_none());
+    let (line, weak) = (Arc::clone(&written.0.line), Arc::downgrade(&written.0));
+    drop(written);
+    assert_eq!(weak.strong_count(), 0, "no task keeps the connection");
+    // The reader's end breaks the line (its task was aborted).
+    for _ in 0..1000 {
+        if line.broken.load(Ordering::Acquire) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let closed = line.broken.load(Ordering::Acquire);
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
+    assert!(closed, "its reader ended within 10 s");
+}
+
+/// One huge command's buffer is not kept once written.
+#[tokio::test]
+async fn a_huge_commands_buffer_is_let_go() {
+    let server = RedisServer::start();
+    let (written, _) = both(&server.url()).await;
+    let value = vec![b'x'; 32 << 20];
+    written
+        .send(redis::cmd("SET").arg("big").arg(&value))
+        .await
+        .expect("set");
+    for _ in 0..10 {
+        written.send(&redis::cmd("PING")).await.expect("pong");
+    }
+    let capacity = written.0.line.lock().outbox.capacity();
+    assert!(capacity <= KEPT_OUTBOX, "the outbox keeps {capacity} bytes");
 }
 
 #[tokio::test]
