@@ -9,7 +9,7 @@
 //! (docs/benchmarks.md, "Issue 40, fourth pass": 81 % of the client's CPU in
 //! the kernel, loopback TCP and `futex`). Here a call on an idle
 //! connection writes its command itself, by one non-blocking write; on a
-//! busy one it adds it to an outbox that a flusher task writes, batched
+//! busy one it adds it to an outbox that the connection's task writes, batched
 //! with the calls made at the same moment (`CallerWritten::call`). One
 //! reader task per connection cuts the replies (`frames`), parses each
 //! with the `redis` crate's parser and hands it to the oldest call
@@ -57,21 +57,19 @@ use tokio::sync::{oneshot, Notify};
 pub(crate) struct CallerWritten(Arc<Shared>);
 
 struct Shared {
-    /// Written by one at a time (`LineState::writing`): a call on an idle
-    /// connection, or the flusher.
+    /// Written by one at a time (`LineState::writer`): a call on an idle
+    /// connection, or the connection's task.
     write: Arc<OwnedWriteHalf>,
     line: Arc<Line>,
-    /// Wakes the flusher: there is an outbox to write.
+    /// Wakes the driver: it is the writer (`Writer::Driver`).
     flush: Arc<Notify>,
     db: i64,
-    reader: tokio::task::AbortHandle,
-    flusher: tokio::task::AbortHandle,
+    driver: tokio::task::AbortHandle,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.reader.abort();
-        self.flusher.abort();
+        self.driver.abort();
     }
 }
 
@@ -88,12 +86,25 @@ struct LineState {
     /// The commands of the calls waiting that are still to be written, in
     /// the calls' order.
     outbox: Vec<u8>,
-    /// Whether someone is writing: a call on an idle connection (for the
-    /// length of one non-blocking write, under this lock) or the flusher
-    /// (until the outbox is empty). Others only add to the outbox then.
-    writing: bool,
+    /// Who writes now: a call on an idle connection (for the length of
+    /// one non-blocking write), or the driver (until the outbox is
+    /// empty). Others only add to the outbox meanwhile, so that bytes go
+    /// out in the line's order.
+    writer: Writer,
     /// Why the connection broke (every later call fails with it).
     broken: Option<(io::ErrorKind, String)>,
+}
+
+/// Who writes a connection's commands now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Writer {
+    /// Nobody: the next call on an idle connection writes by itself.
+    #[default]
+    Nobody,
+    /// A call, writing its own command outside the lock.
+    Caller,
+    /// The connection's task (`drive`), writing the outbox.
+    Driver,
 }
 
 /// One call: how many replies it waits for, those read so far, and where
@@ -205,9 +216,9 @@ impl CallerWritten {
             broken: AtomicBool::new(false),
             state: Mutex::new(LineState::default()),
         });
-        let reader = tokio::spawn(read_replies(read, Arc::clone(&line))).abort_handle();
         let (write, flush) = (Arc::new(write), Arc::new(Notify::new()));
-        let flusher = tokio::spawn(flush_outbox(
+        let driver = tokio::spawn(drive(
+            read,
             Arc::clone(&write),
             Arc::clone(&line),
             Arc::clone(&flush),
@@ -219,8 +230,7 @@ impl CallerWritten {
             line,
             flush,
             db: settings.db(),
-            reader,
-            flusher,
+            driver,
         }));
         connection
             .log_in(settings.username(), settings.password(), settings.db())
@@ -347,9 +357,9 @@ impl CallerWritten {
     /// - On an idle connection (no call waiting for replies, nobody
     ///   writing), the call writes its command itself, at once, by one
     ///   non-blocking write: no task is woken to write it. What the socket
-    ///   does not take goes to the outbox, for the flusher.
+    ///   does not take goes to the outbox, for the connection's task.
     /// - On a busy connection, it adds its command to the outbox and, if
-    ///   nobody is writing, wakes the flusher: by the time the flusher runs,
+    ///   nobody is writing, wakes the connection's task: by the time it runs,
     ///   the calls made at the same moment have added theirs, and one
     ///   write takes them all, as the `redis` crate's driver task batches
     ///   them.
@@ -371,19 +381,25 @@ impl CallerWritten {
             if let Some((kind, reason)) = &state.broken {
                 return Err(broken(*kind, reason));
             }
-            let idle = state.waiting.is_empty() && !state.writing;
+            let idle = state.waiting.is_empty() && state.writer == Writer::Nobody;
             state.waiting.push_back(Waiting {
                 replies,
                 read: Vec::with_capacity(replies),
                 answer,
             });
-            if !idle {
+            if idle {
+                state.writer = Writer::Caller;
+            } else {
                 state.outbox.extend_from_slice(command);
             }
-            // Either way someone writes now: this call, or the flusher.
-            (idle, !std::mem::replace(&mut state.writing, true))
+            // The driver is woken when it becomes the writer.
+            let wake = !idle && state.writer == Writer::Nobody;
+            if wake {
+                state.writer = Writer::Driver;
+            }
+            (idle, wake)
         };
-        let wake_flusher = match idle {
+        let wake_driver = match idle {
             (true, _) => {
                 // The writer, outside the lock: calls made meanwhile add
                 // to the outbox behind it.
@@ -403,15 +419,16 @@ impl CallerWritten {
                         .splice(0..0, command[written..].iter().copied());
                 }
                 if state.outbox.is_empty() {
-                    state.writing = false;
+                    state.writer = Writer::Nobody;
                     false
                 } else {
+                    state.writer = Writer::Driver;
                     true
                 }
             }
-            (false, took_writing) => took_writing,
+            (false, wake) => wake,
         };
-        if wake_flusher {
+        if wake_driver {
             self.0.flush.notify_one();
         }
         match reply.await {
@@ -426,53 +443,6 @@ impl CallerWritten {
 /// let go once written.
 const KEPT_OUTBOX: usize = 64 * 1024;
 
-/// The connection's flusher: each time it is woken, writes the outbox
-/// until it is empty (what calls add while it writes included), then gives
-/// up the writing. Ends when the connection breaks (a write error breaks
-/// it) or is dropped (aborted).
-async fn flush_outbox(write: Arc<OwnedWriteHalf>, line: Arc<Line>, flush: Arc<Notify>) {
-    let mut batch = Vec::new();
-    loop {
-        flush.notified().await;
-        loop {
-            {
-                let mut state = line.lock();
-                if state.broken.is_some() {
-                    return;
-                }
-                if state.outbox.is_empty() {
-                    state.writing = false;
-                    if state.outbox.capacity() == 0 && batch.capacity() <= KEPT_OUTBOX {
-                        // Its buffer is used again.
-                        state.outbox = std::mem::take(&mut batch);
-                    }
-                    break;
-                }
-                std::mem::swap(&mut state.outbox, &mut batch);
-            }
-            let mut at = 0;
-            while at < batch.len() {
-                let written = match write.writable().await {
-                    Ok(()) => write.try_write(&batch[at..]),
-                    Err(error) => Err(error),
-                };
-                match written {
-                    Ok(written) => at += written,
-                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(error) => {
-                        line.break_with(error.kind(), error.to_string());
-                        return;
-                    }
-                }
-            }
-            batch.clear();
-            if batch.capacity() > KEPT_OUTBOX {
-                batch = Vec::new();
-            }
-        }
-    }
-}
-
 /// Breaks the connection when its reader ends, however it ends (a panic,
 /// its runtime shutting down): no call waits for replies nobody reads.
 struct Reading(Arc<Line>);
@@ -484,13 +454,84 @@ impl Drop for Reading {
     }
 }
 
-/// The connection's reader: cuts what the server sends into replies and
-/// hands each to the oldest call waiting, until the connection breaks.
-async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
+/// The connection's task: cuts what the server sends into replies and
+/// hands them to the calls waiting, oldest first; and writes the outbox
+/// whenever it holds something (a busy connection's calls), batched with
+/// what calls add meanwhile. One task for both, as the `redis` crate's
+/// driver: replies arriving wake it, and it writes what was added since
+/// in the same turn. Ends when the connection breaks, or with it
+/// (aborted).
+async fn drive(
+    mut read: OwnedReadHalf,
+    write: Arc<OwnedWriteHalf>,
+    line: Arc<Line>,
+    flush: Arc<Notify>,
+) {
     let _reading = Reading(Arc::clone(&line));
     let mut buffer: Vec<u8> = Vec::with_capacity(4096);
     let (mut values, mut done) = (Vec::new(), Vec::new());
+    // The batch being written, and how much of it is written.
+    let (mut batch, mut at) = (Vec::<u8>::new(), 0);
     loop {
+        // Registered before the outbox is looked at: a call that adds to
+        // it after that wakes this turn's wait.
+        let notified = flush.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Write what there is, until the socket takes no more.
+        loop {
+            if at == batch.len() {
+                batch.clear();
+                if batch.capacity() > KEPT_OUTBOX {
+                    batch = Vec::new();
+                }
+                at = 0;
+                let mut state = line.lock();
+                if state.broken.is_some() {
+                    return;
+                }
+                // Only the writer writes: a call writing its own command
+                // now is ahead of what the outbox holds.
+                if state.writer != Writer::Driver {
+                    break;
+                }
+                if state.outbox.is_empty() {
+                    state.writer = Writer::Nobody;
+                    break;
+                }
+                std::mem::swap(&mut state.outbox, &mut batch);
+            }
+            match write.try_write(&batch[at..]) {
+                Ok(written) => at += written,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => {
+                    line.break_with(error.kind(), error.to_string());
+                    return;
+                }
+            }
+        }
+        let writing = at < batch.len();
+        tokio::select! {
+            biased;
+            read = read.read_buf(&mut buffer) => match read {
+                Ok(0) => {
+                    line.break_with(io::ErrorKind::BrokenPipe, "the server closed it");
+                    return;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    line.break_with(error.kind(), error.to_string());
+                    return;
+                }
+            },
+            _ = &mut notified => {}
+            ready = write.writable(), if writing => {
+                if let Err(error) = ready {
+                    line.break_with(error.kind(), error.to_string());
+                    return;
+                }
+            }
+        }
         // Every whole reply read, handed over together.
         let mut start = 0;
         loop {
@@ -528,17 +569,6 @@ async fn read_replies(mut read: OwnedReadHalf, line: Arc<Line>) {
         buffer.drain(..start);
         if buffer.capacity() - buffer.len() < 1024 {
             buffer.reserve(4096);
-        }
-        match read.read_buf(&mut buffer).await {
-            Ok(0) => {
-                line.break_with(io::ErrorKind::BrokenPipe, "the server closed it");
-                return;
-            }
-            Ok(_) => {}
-            Err(error) => {
-                line.break_with(error.kind(), error.to_string());
-                return;
-            }
         }
     }
 }

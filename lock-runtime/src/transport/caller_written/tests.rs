@@ -224,7 +224,7 @@ fn poll_then_give_up<F: std::future::Future>(call: F, polls: usize) -> Option<F:
 
 /// A call given up before its reply on a busy connection (another call
 /// waits for its reply), after one poll or two (its command in the
-/// outbox, or written by the flusher): the connection stays in step, each
+/// outbox, or written by the connection's task): the connection stays in step, each
 /// call gets its own reply.
 #[tokio::test]
 async fn a_call_given_up_before_its_reply_leaves_the_connection_in_step() {
@@ -265,7 +265,7 @@ async fn a_call_given_up_before_its_reply_leaves_the_connection_in_step() {
 }
 
 /// A call given up in the middle of its command's write: the rest is
-/// written by the flusher, whole, and the connection stays in step (as
+/// written by the connection's task, whole, and the connection stays in step (as
 /// the crate's connection writes a call given up).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_given_up_in_the_middle_of_its_write_is_written_whole() {
@@ -277,10 +277,11 @@ async fn a_call_given_up_in_the_middle_of_its_write_is_written_whole() {
     unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
     let value = vec![b'x'; 64 << 20];
     // The connection is idle: the first poll writes what the socket takes
-    // and leaves the rest to the flusher.
+    // and leaves the rest to the connection's task.
     let given_up = poll_then_give_up(written.send(redis::cmd("SET").arg("big").arg(&value)), 1);
-    // The flusher writes the rest, and cannot finish while it is stopped.
-    let left = written.0.line.lock().writing;
+    // The connection's task writes the rest, and cannot finish while the
+    // server is stopped.
+    let left = written.0.line.lock().writer == Writer::Driver;
     // SAFETY: as above.
     unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
     assert!(given_up.is_none(), "given up in the middle of its write");
