@@ -861,11 +861,9 @@ impl Client {
             let nodes = seeds
                 .iter()
                 .map(|node| {
-                    let backend = set_up(CallTarget::Node(
-                        Box::new(node.clone()),
-                        transport.caller_written(),
-                    ))
-                    .quorum_node();
+                    let backend =
+                        set_up(CallTarget::Node(Box::new(node.clone()), transport.clone()))
+                            .quorum_node();
                     // `host:port`: never the credentials.
                     Ok((backend, node.get_connection_info().addr().to_string()))
                 })

@@ -11,7 +11,6 @@
 //! (`cluster`), the primary Redis Sentinel names (`sentinel`), and in the
 //! backend every deadline, retry and redirection.
 
-mod caller_written;
 pub(crate) mod cluster;
 pub(crate) mod node;
 pub(crate) mod sentinel;
@@ -45,9 +44,6 @@ pub(crate) struct Transport {
     /// connection), for the simulated network (TCP has it in `config`).
     #[cfg_attr(not(feature = "simulation"), allow(dead_code))]
     pushes: Option<UnboundedSender<PushInfo>>,
-    /// Command connections its callers write to themselves
-    /// (`caller_written`), where a node allows one: a quorum's nodes.
-    caller_written: bool,
     /// The simulated network, if the client uses one.
     #[cfg(feature = "simulation")]
     network: Option<std::sync::Arc<dyn simulated::Network>>,
@@ -62,7 +58,6 @@ impl Transport {
                 .set_response_timeout(None),
             connect_timeout: Some(connect_timeout),
             pushes: None,
-            caller_written: false,
             #[cfg(feature = "simulation")]
             network: None,
         }
@@ -75,7 +70,6 @@ impl Transport {
             config,
             connect_timeout: None,
             pushes: None,
-            caller_written: false,
             #[cfg(feature = "simulation")]
             network: None,
         }
@@ -91,17 +85,6 @@ impl Transport {
         self
     }
 
-    /// The same, with command connections its callers write to themselves
-    /// to nodes over plain TCP and RESP2 (a quorum's nodes: each call goes
-    /// to every node at once, and the `redis` crate's connection would hand
-    /// each to its driver task and back). Other nodes, and connections
-    /// with pushes, keep the crate's connection.
-    pub(crate) fn caller_written(&self) -> Transport {
-        let mut transport = self.clone();
-        transport.caller_written = true;
-        transport
-    }
-
     /// The same, with the pushes of every command connection (pub/sub
     /// messages and confirmations on RESP3, and a `Disconnection` when one
     /// closes) sent to `pushes`.
@@ -109,7 +92,6 @@ impl Transport {
         let mut transport = self.clone();
         transport.config = transport.config.set_push_sender(pushes.clone());
         transport.pushes = Some(pushes);
-        transport.caller_written = false;
         transport
     }
 
@@ -138,14 +120,6 @@ impl Transport {
                 simulated::forward_pushes(&conn, pushes.clone());
             }
             return Ok(Wire::simulated(conn, node));
-        }
-        if self.caller_written
-            && self.pushes.is_none()
-            && caller_written::CallerWritten::suits(node)
-        {
-            return caller_written::CallerWritten::open(node, self.connect_timeout)
-                .await
-                .map(Wire::Written);
         }
         node.get_multiplexed_async_connection_with_config(&self.config)
             .await

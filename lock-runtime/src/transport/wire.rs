@@ -2,27 +2,23 @@
 //! connection ([`Wire`]) and a pub/sub connection ([`PubSub`], then its
 //! [`Messages`]), each over TCP or the simulated network.
 //!
-//! Over TCP a call goes straight to the connection (the `redis` crate's,
-//! or for a quorum's nodes one its callers write to): an enum, not a trait
-//! object, so the hot path gains neither an allocation nor a dynamic call.
+//! Over TCP a call goes straight to the `redis` crate's connection: an
+//! enum, not a trait object, so the hot path gains neither an allocation
+//! nor a dynamic call (without the `simulation` feature the enum has one
+//! variant).
 
 use std::future::Future;
 
+#[cfg(feature = "simulation")]
 use futures_util::future::Either;
 use futures_util::stream::StreamExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Msg, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::caller_written::CallerWritten;
-
 /// A multiplexed command connection; cheap to clone (clones share it).
 #[derive(Clone)]
 pub(crate) enum Wire {
-    /// The `redis` crate's connection, its calls handed to its driver task.
     Tcp(MultiplexedConnection),
-    /// A connection its callers write to themselves (a quorum's nodes over
-    /// plain TCP: `caller_written`).
-    Written(CallerWritten),
     #[cfg(feature = "simulation")]
     Simulated(super::simulated::SimWire),
 }
@@ -36,19 +32,9 @@ impl Wire {
         Wire::Simulated(super::simulated::SimWire::new(conn, node))
     }
 
-    /// Whether it is known to be broken (every call on it would fail): a
-    /// caller-written connection whose server closed it, say. The `redis`
-    /// crate's connection says so only by failing a call.
-    pub(crate) fn is_broken(&self) -> bool {
-        match self {
-            Wire::Written(connection) => connection.is_broken(),
-            _ => false,
-        }
-    }
-
     /// Sends `cmd` and reads its reply (an error reply as
     /// `Value::ServerError`, as the `redis` crate gives it). Over TCP this
-    /// is the connection's own future, not wrapped in another: no state
+    /// is the `redis` crate's own future, not wrapped in another: no state
     /// machine of its own on the hot path.
     #[cfg(not(feature = "simulation"))]
     #[inline(always)]
@@ -56,10 +42,8 @@ impl Wire {
         &'a mut self,
         cmd: &'a Cmd,
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
-        match self {
-            Wire::Tcp(connection) => Either::Left(connection.send_packed_command(cmd)),
-            Wire::Written(connection) => Either::Right(connection.send(cmd)),
-        }
+        let Wire::Tcp(connection) = self;
+        connection.send_packed_command(cmd)
     }
 
     /// Sends `cmd` and reads its reply (an error reply as
@@ -71,10 +55,7 @@ impl Wire {
         cmd: &'a Cmd,
     ) -> impl Future<Output = RedisResult<Value>> + Send + 'a {
         match self {
-            Wire::Tcp(connection) => {
-                Either::Left(Either::Left(connection.send_packed_command(cmd)))
-            }
-            Wire::Written(connection) => Either::Left(Either::Right(connection.send(cmd))),
+            Wire::Tcp(connection) => Either::Left(connection.send_packed_command(cmd)),
             Wire::Simulated(wire) => Either::Right(wire.send(cmd)),
         }
     }
@@ -89,14 +70,8 @@ impl Wire {
         offset: usize,
         count: usize,
     ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'a {
-        match self {
-            Wire::Tcp(connection) => {
-                Either::Left(connection.send_packed_commands(pipeline, offset, count))
-            }
-            Wire::Written(connection) => {
-                Either::Right(connection.send_pipeline(pipeline, offset, count))
-            }
-        }
+        let Wire::Tcp(connection) = self;
+        connection.send_packed_commands(pipeline, offset, count)
     }
 
     /// Sends `pipeline` in one write and reads `count` replies after the
@@ -110,12 +85,9 @@ impl Wire {
         count: usize,
     ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'a {
         match self {
-            Wire::Tcp(connection) => Either::Left(Either::Left(
-                connection.send_packed_commands(pipeline, offset, count),
-            )),
-            Wire::Written(connection) => Either::Left(Either::Right(
-                connection.send_pipeline(pipeline, offset, count),
-            )),
+            Wire::Tcp(connection) => {
+                Either::Left(connection.send_packed_commands(pipeline, offset, count))
+            }
             Wire::Simulated(wire) => Either::Right(wire.send_pipeline(pipeline, offset, count)),
         }
     }
@@ -129,7 +101,6 @@ impl ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Wire::Tcp(connection) => connection.req_packed_command(cmd),
-            Wire::Written(connection) => Box::pin(async move { connection.send(cmd).await }),
             #[cfg(feature = "simulation")]
             Wire::Simulated(wire) => Box::pin(wire.send(cmd)),
         }
@@ -143,9 +114,6 @@ impl ConnectionLike for Wire {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Wire::Tcp(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Wire::Written(connection) => {
-                Box::pin(async move { connection.send_pipeline(pipeline, offset, count).await })
-            }
             #[cfg(feature = "simulation")]
             Wire::Simulated(wire) => Box::pin(wire.send_pipeline(pipeline, offset, count)),
         }
@@ -154,7 +122,6 @@ impl ConnectionLike for Wire {
     fn get_db(&self) -> i64 {
         match self {
             Wire::Tcp(connection) => connection.get_db(),
-            Wire::Written(connection) => connection.db(),
             #[cfg(feature = "simulation")]
             Wire::Simulated(wire) => wire.db(),
         }

@@ -160,14 +160,6 @@ impl NodeLink {
         let (opening, number) = {
             let state = self.0.state.load();
             match &state.now {
-                // A connection known to be broken is opened again now,
-                // not after this call failed on it.
-                Now::Open(connection, _) if connection.is_broken() => {
-                    let number = state.number;
-                    drop(state);
-                    self.close(number);
-                    self.open()
-                }
                 Now::Open(connection, _) => return Ok((connection.clone(), state.number)),
                 Now::Opening(opening) => (opening.clone(), state.number),
                 Now::Closed => {
@@ -387,43 +379,5 @@ mod tests {
         let second = link.send(&ping).await.expect_err("nothing listens there");
         assert!(second.is_io_error(), "{second}");
         assert_eq!(lookups.load(Ordering::SeqCst), 2);
-    }
-
-    /// Whether the open connection is known to be broken.
-    fn broken_now(link: &NodeLink) -> bool {
-        matches!(&link.0.state.load().now, Now::Open(wire, _) if wire.is_broken())
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_connection_known_to_be_broken_is_opened_again_before_the_next_call() {
-        let mut server = test_support::RedisServer::start();
-        let port = server.port();
-        let client = redis::Client::open(server.url()).unwrap();
-        let transport = Transport::tcp(std::time::Duration::from_secs(10)).caller_written();
-        let link = NodeLink::new(client, transport);
-        let ping = redis::cmd("PING");
-        assert_eq!(
-            link.send(&ping).await.unwrap(),
-            Value::SimpleString("PONG".into())
-        );
-        server.kill();
-        // The connection's reader sees the server go (its socket closed).
-        for _ in 0..1000 {
-            if broken_now(&link) {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert!(
-            broken_now(&link),
-            "the reader saw the server go within 10 s"
-        );
-        let _server = test_support::RedisServer::start_on(port).expect("started again");
-        // The first call after the restart goes out on a new connection,
-        // not on the broken one (where it would fail).
-        assert_eq!(
-            link.send(&ping).await.unwrap(),
-            Value::SimpleString("PONG".into())
-        );
     }
 }
