@@ -177,17 +177,21 @@ async fn w2(quorum: &Quorum, pairs: usize, rounds: usize, wanted: &impl Fn(Kind)
         let mut warm = shared.for_key("redlock-w2:warm");
         let held = warm.lock().await;
         warm.unlock(held).await;
-        lockers.push((name, kind, shared, Duration::ZERO, Duration::ZERO));
+        lockers.push((name, kind, shared, [Duration::ZERO; 3], 0u64));
     }
     let mut ratios = Vec::new();
     for _ in 0..rounds {
         let mut rates = Vec::new();
-        for (_, kind, shared, wall, cpu) in &mut lockers {
+        for (_, kind, shared, [wall, cpu, server_cpu], commands) in &mut lockers {
+            let (server_before, commands_before) = (redis_cpu(quorum), compare::commands(quorum));
             let (started, before) = (Instant::now(), cpu_time());
             compare::many_keys(shared, &format!("redlock-w2:{kind:?}"), TASKS, per_task).await;
             let elapsed = started.elapsed();
             *wall += elapsed;
             *cpu += cpu_time() - before;
+            *server_cpu += redis_cpu(quorum) - server_before;
+            // Each node's INFO reading counts itself once.
+            *commands += compare::commands(quorum) - commands_before - quorum.0.len() as u64;
             rates.push((TASKS * per_task) as f64 / elapsed.as_secs_f64());
         }
         if rates.len() == 2 {
@@ -195,11 +199,13 @@ async fn w2(quorum: &Quorum, pairs: usize, rounds: usize, wanted: &impl Fn(Kind)
         }
     }
     let done = (TASKS * per_task * rounds) as f64;
-    for (name, _, _, wall, cpu) in &lockers {
+    for (name, _, _, [wall, cpu, server_cpu], commands) in &lockers {
         println!(
-            "| W2: {TASKS} tasks on one client, each its own key, {done} pairs ({rounds} rounds) | {name} | {:.0} | | | {:.1} | | | | |",
+            "| W2: {TASKS} tasks on one client, each its own key, {done} pairs ({rounds} rounds) | {name} | {:.0} | | | {:.1} | {:.1} | {:.1} | | |",
             done / wall.as_secs_f64(),
             cpu.as_secs_f64() * 1e6 / done,
+            server_cpu.as_secs_f64() * 1e6 / done,
+            *commands as f64 / done,
         );
     }
     if !ratios.is_empty() {
