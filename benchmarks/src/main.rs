@@ -7,7 +7,7 @@
 //! cargo run --release -p lock-bench -- cluster [--scale 0.25] [--seconds 10] [--locks 10000]
 //! cargo run --release -p lock-bench -- acknowledged [--pairs 5000] [--renewed 1000]
 //! cargo run --release -p lock-bench -- multi [--seconds 3]
-//! cargo run --release -p lock-bench -- redlock [--nodes 5] [--pairs 2000] [--sections 500] [--only w1,w3] [--kinds ours,rslock]
+//! cargo run --release -p lock-bench -- redlock [--nodes 5] [--pairs 2000] [--sections 500] [--only w1,w2,w3] [--kinds ours,rslock]
 //! cargo run --release -p lock-bench -- redlock-degraded [--seconds 5] [--processes 3] [--tasks 3]
 //! cargo run --release -p lock-bench -- sentinel [--pairs 20000] [--rounds 20]
 //! cargo run --release -p lock-bench -- redlock-shared [--pairs 2000]
