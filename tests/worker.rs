@@ -134,6 +134,15 @@ type Redis = redis::aio::MultiplexedConnection;
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // `LOCK_TRACE=1`: the library's events (switches learned, replays,
+    // losses) on stderr, with times, for investigating a failure.
+    if std::env::var_os("LOCK_TRACE").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .init();
+    }
     failover::init_acknowledged();
     match args.as_slice() {
         ["failover-sections", key, tasks, counter] => {
