@@ -123,15 +123,7 @@ pub(crate) fn main(args: &[String]) -> ExitCode {
             compare::breakdown_text(&rows)
         );
     }
-    if !ratios.is_empty() {
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "\nW1 this project × rslock, median of {rounds} rounds: {:.2} (range {:.2}-{:.2})\n",
-            ratios[ratios.len() / 2],
-            ratios[0],
-            ratios[ratios.len() - 1]
-        );
-    }
+    print_ratios("W1", rounds, &mut ratios);
     if only.contains("w2") {
         runtime.block_on(w2(&quorum, pairs, rounds, &wanted));
     }
@@ -208,15 +200,22 @@ async fn w2(quorum: &Quorum, pairs: usize, rounds: usize, wanted: &impl Fn(Kind)
             *commands as f64 / done,
         );
     }
-    if !ratios.is_empty() {
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "\nW2 this project × rslock, median of {rounds} rounds: {:.2} (range {:.2}-{:.2})\n",
-            ratios[ratios.len() / 2],
-            ratios[0],
-            ratios[ratios.len() - 1]
-        );
+    print_ratios("W2", rounds, &mut ratios);
+}
+
+/// The median and range of `ratios` (this project × rslock, one per
+/// round), if there are any.
+fn print_ratios(workload: &str, rounds: usize, ratios: &mut [f64]) {
+    if ratios.is_empty() {
+        return;
     }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "\n{workload} this project × rslock, median of {rounds} rounds: {:.2} (range {:.2}-{:.2})\n",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
 }
 
 /// What a run of pairs in sequence cost.
